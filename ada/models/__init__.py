@@ -1,0 +1,19 @@
+"""Decoder-only transformer (Qwen2/2.5, Qwen3, Llama 3) as pure functions over a pytree."""
+
+from ada.models.presets import PRESETS, preset
+from ada.models.transformer import (
+    KVCache,
+    Llama3RopeScaling,
+    ModelConfig,
+    count_params,
+    forward,
+    init_cache,
+    init_params,
+    param_shapes,
+    positions_from_mask,
+)
+
+__all__ = [
+    "PRESETS", "preset", "KVCache", "Llama3RopeScaling", "ModelConfig", "count_params",
+    "forward", "init_cache", "init_params", "param_shapes", "positions_from_mask",
+]

@@ -1,0 +1,62 @@
+"""Tiny model presets for tests, benchmarks and the embedded default run.
+
+`preset(name, family=..., vocab_size=...)` returns a ModelConfig. The family switches are
+the real ones (qwen2 q/k/v bias, qwen3 q/k norm with a decoupled head_dim, llama3 RoPE
+scaling), so a tiny model exercises exactly the code path of its full-size sibling.
+"""
+
+from __future__ import annotations
+
+from ada.models.transformer import FAMILIES, Llama3RopeScaling, ModelConfig
+
+# name -> (hidden, intermediate, layers, heads, kv_heads, head_dim, default vocab)
+_SIZES = {
+    "tiny": (64, 128, 2, 4, 2, 16, 512),  # ~0.15M parameters
+    "small": (384, 1024, 8, 6, 2, 64, 8192),  # ~19M parameters
+}
+
+
+def family_switches(family: str) -> dict:
+    """The per-family defaults that distinguish Qwen2, Qwen3 and Llama 3."""
+    if family == "qwen2":
+        return dict(qkv_bias=True, qk_norm=False, rope_theta=1_000_000.0, rms_norm_eps=1e-6)
+    if family == "qwen3":
+        return dict(qkv_bias=False, qk_norm=True, rope_theta=1_000_000.0, rms_norm_eps=1e-6)
+    if family == "llama":
+        return dict(
+            qkv_bias=False,
+            qk_norm=False,
+            rope_theta=500_000.0,
+            rms_norm_eps=1e-5,
+            rope_scaling=Llama3RopeScaling(
+                factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=64,  # small so tiny tests hit every band
+            ),
+        )
+    raise ValueError(f"unknown family {family!r}; choose one of {FAMILIES}")
+
+
+def preset(name: str, family: str = "qwen2", vocab_size: int | None = None, **overrides) -> ModelConfig:
+    if name not in _SIZES:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(_SIZES)}")
+    hidden, inter, layers, heads, kv_heads, head_dim, vocab = _SIZES[name]
+    if family == "qwen3":
+        head_dim = head_dim * 2  # Qwen3 decouples head_dim from hidden / heads
+    fields = dict(
+        family=family,
+        vocab_size=vocab_size or vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        tie_embeddings=family != "llama",
+        max_position_embeddings=4096,
+    )
+    fields.update(family_switches(family))
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+PRESETS = tuple(_SIZES)

@@ -1,0 +1,353 @@
+"""One decoder-only transformer for the Qwen2/2.5, Qwen3 and Llama 3 families.
+
+Pure functions over a parameter pytree; the config is a frozen (hashable) dataclass so it
+can be a static argument of `jax.jit`. The families differ only in a few switches:
+
+  family   q/k/v bias   per-head q/k RMSNorm   head_dim          RoPE scaling
+  qwen2    yes          no                     hidden / heads    none
+  qwen3    no           yes                    free (config)     none
+  llama    no           no                     hidden / heads    llama3 (optional)
+
+Parameter layout (weights stored [in, out]; every per-layer tensor is stacked on a leading
+layer axis L so the blocks run under `lax.scan`, which keeps compile time flat in depth):
+
+  embed [V, D]; final_norm [D]; lm_head [D, V] (absent when embeddings are tied)
+  layers/attn_norm [L, D]  layers/q [L, D, H*Hd]  layers/k, layers/v [L, D, K*Hd]
+  layers/o [L, H*Hd, D]    layers/q_bias [L, H*Hd], k_bias/v_bias [L, K*Hd]  (qkv_bias)
+  layers/q_norm, layers/k_norm [L, Hd]  (qk_norm)
+  layers/mlp_norm [L, D]   layers/gate, layers/up [L, D, F]  layers/down [L, F, D]
+
+Shape suffixes: B batch, T new tokens, S cache length, D hidden, H query heads,
+K key/value heads, G = H // K, Hd head dim, F MLP width, V vocabulary, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+Params = dict[str, Any]
+
+FAMILIES = ("qwen2", "qwen3", "llama")
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: Llama3RopeScaling | None = None
+    rms_norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    max_position_embeddings: int = 32768
+    dtype: str = "float32"  # compute dtype: "float32" or "bfloat16"
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        problems = []
+        if self.family not in FAMILIES:
+            problems.append(f"family={self.family!r} is not one of {FAMILIES}")
+        if self.num_heads % max(self.num_kv_heads, 1):
+            problems.append(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.head_dim % 2:
+            problems.append(f"head_dim={self.head_dim} must be even for RoPE")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in ("float32", "bfloat16"):
+                problems.append(f"{name}={getattr(self, name)!r} must be 'float32' or 'bfloat16'")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name}={getattr(self, name)} must be positive")
+        if problems:
+            raise ValueError("invalid ModelConfig: " + "; ".join(problems))
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    def replace(self, **changes) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@struct.dataclass
+class KVCache:
+    """Keys and values of every layer for B rows of up to S tokens.
+
+    `valid[b, s]` marks the cache entries that hold real (non-padding) tokens and `end[b]` is
+    the next write index of row b. Causality is by cache index, RoPE by explicit position, so
+    a left-padded prompt and its decode steps need no special casing.
+    """
+
+    k: jax.Array  # [L, B, S, K, Hd]
+    v: jax.Array  # [L, B, S, K, Hd]
+    valid: jax.Array  # [B, S] bool
+    end: jax.Array  # [B] int32
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+    dtype = dtype or config.compute_dtype
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    return KVCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        valid=jnp.zeros((batch, max_len), bool),
+        end=jnp.zeros((batch,), jnp.int32),
+    )
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def param_shapes(config: ModelConfig) -> dict[str, Any]:
+    """The parameter pytree's shapes (nested dicts of tuples); the one source of the layout."""
+    c = config
+    L, D, F, V = c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size
+    qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    layers = {
+        "attn_norm": (L, D),
+        "q": (L, D, qd),
+        "k": (L, D, kvd),
+        "v": (L, D, kvd),
+        "o": (L, qd, D),
+        "mlp_norm": (L, D),
+        "gate": (L, D, F),
+        "up": (L, D, F),
+        "down": (L, F, D),
+    }
+    if c.qkv_bias:
+        layers.update(q_bias=(L, qd), k_bias=(L, kvd), v_bias=(L, kvd))
+    if c.qk_norm:
+        layers.update(q_norm=(L, c.head_dim), k_norm=(L, c.head_dim))
+    shapes = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
+    if not c.tie_embeddings:
+        shapes["lm_head"] = (D, V)
+    return shapes
+
+
+def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
+    """Random parameters (normal(0, std) weights, zero biases, unit norms)."""
+    shapes = param_shapes(config)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(
+        shapes, is_leaf=lambda x: isinstance(x, tuple)
+    )
+    keys = jax.random.split(key, len(flat))
+    dtype = jnp.dtype(config.param_dtype)
+    leaves = []
+    for (path, shape), k in zip(flat, keys, strict=True):
+        name = path[-1].key
+        if name.endswith("norm"):
+            leaves.append(jnp.ones(shape, dtype))
+        elif name.endswith("bias"):
+            leaves.append(jnp.zeros(shape, dtype))
+        else:
+            leaves.append((std * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def count_params(params: Params) -> int:
+    return sum(int(math.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+def rms_norm(x, weight, eps):
+    """RMSNorm computed in float32 and cast back, as transformers does."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * x32.astype(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> jax.Array:
+    hd = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+    s = config.rope_scaling
+    if s is None:
+        return inv_freq
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def apply_rope(x_BxTxNxHd, positions_BxT, inv_freq):
+    """Rotate-half RoPE (the transformers convention), angles in float32."""
+    angles = positions_BxT.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Hd/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos = jnp.cos(angles).astype(x_BxTxNxHd.dtype)
+    sin = jnp.sin(angles).astype(x_BxTxNxHd.dtype)
+    half = x_BxTxNxHd.shape[-1] // 2
+    rotated = jnp.concatenate([-x_BxTxNxHd[..., half:], x_BxTxNxHd[..., :half]], axis=-1)
+    return x_BxTxNxHd * cos + rotated * sin
+
+
+def _attention(q_BxTxHxHd, k_BxSxKxHd, v_BxSxKxHd, allowed_BxTxS, config: ModelConfig):
+    B, T, H, Hd = q_BxTxHxHd.shape
+    K = config.num_kv_heads
+    q = q_BxTxHxHd.reshape(B, T, K, H // K, Hd)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKxHd).astype(jnp.float32)
+    scores = scores / math.sqrt(Hd)
+    scores = jnp.where(allowed_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxHd.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxHd)
+    return out.reshape(B, T, H * Hd)
+
+
+def _write_rows(cache_BxSx, new_BxTx, start_B):
+    """Write each row's T new entries at that row's own start index."""
+    def one(c, n, s):
+        return jax.lax.dynamic_update_slice_in_dim(c, n, s, axis=0)
+
+    return jax.vmap(one)(cache_BxSx, new_BxTx.astype(cache_BxSx.dtype), start_B)
+
+
+def _block(x_BxTxD, layer, k_cache, v_cache, ctx, config: ModelConfig):
+    """One pre-norm transformer block. Returns the new activations and this layer's cache."""
+    c = config
+    dt = c.compute_dtype
+    B, T, _ = x_BxTxD.shape
+    H, K, Hd = c.num_heads, c.num_kv_heads, c.head_dim
+    w = {name: value.astype(dt) for name, value in layer.items()}
+
+    h = rms_norm(x_BxTxD, w["attn_norm"], c.rms_norm_eps)
+    q, k, v = h @ w["q"], h @ w["k"], h @ w["v"]
+    if c.qkv_bias:
+        q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
+    q = q.reshape(B, T, H, Hd)
+    k = k.reshape(B, T, K, Hd)
+    v = v.reshape(B, T, K, Hd)
+    if c.qk_norm:
+        q = rms_norm(q, w["q_norm"], c.rms_norm_eps)
+        k = rms_norm(k, w["k_norm"], c.rms_norm_eps)
+    q = apply_rope(q, ctx["positions"], ctx["inv_freq"])
+    k = apply_rope(k, ctx["positions"], ctx["inv_freq"])
+
+    if k_cache is None:
+        keys, values = k, v
+    else:
+        k_cache = _write_rows(k_cache, k, ctx["start"])
+        v_cache = _write_rows(v_cache, v, ctx["start"])
+        keys, values = k_cache.astype(dt), v_cache.astype(dt)
+
+    attn = _attention(q, keys, values, ctx["allowed"], c)
+    x_BxTxD = x_BxTxD + attn @ w["o"]
+
+    h = rms_norm(x_BxTxD, w["mlp_norm"], c.rms_norm_eps)
+    mlp = (jax.nn.silu(h @ w["gate"]) * (h @ w["up"])) @ w["down"]
+    return x_BxTxD + mlp, k_cache, v_cache
+
+
+def forward(
+    params: Params,
+    config: ModelConfig,
+    tokens_BxT: jax.Array,
+    positions_BxT: jax.Array,
+    mask_BxT: jax.Array | None = None,
+    cache: KVCache | None = None,
+    *,
+    remat: bool = False,
+    return_hidden: bool = False,
+):
+    """Run the model on T new tokens per row.
+
+    Args:
+      tokens_BxT, positions_BxT: token ids and their RoPE positions (left padding: padded
+        slots can hold any id and position; they are excluded through `mask_BxT`).
+      mask_BxT: True for real tokens. Default: all real.
+      cache: when given, the new keys/values are written at `cache.end` of each row and the
+        queries attend to every valid earlier cache entry; the updated cache is returned.
+      remat: rematerialise each block in the backward pass (saves activation memory).
+      return_hidden: return the final normed hidden states [B, T, D] instead of logits (the
+        training loss projects them in chunks so [B, T, V] never has to exist at once).
+
+    Returns:
+      (logits [B, T, V] float32 — or hidden states —, updated cache or None)
+    """
+    c = config
+    B, T = tokens_BxT.shape
+    if mask_BxT is None:
+        mask_BxT = jnp.ones((B, T), bool)
+    mask_BxT = mask_BxT.astype(bool)
+    inv_freq = rope_inv_freq(c)
+
+    if cache is None:
+        idx = jnp.arange(T)
+        allowed = mask_BxT[:, None, :] & (idx[None, :, None] >= idx[None, None, :])
+        start = None
+        k_caches = v_caches = None
+    else:
+        start = cache.end
+        S = cache.max_len
+        new_valid = _write_rows(cache.valid, mask_BxT, start)
+        q_idx_BxT = start[:, None] + jnp.arange(T)[None, :]
+        allowed = new_valid[:, None, :] & (jnp.arange(S)[None, None, :] <= q_idx_BxT[:, :, None])
+        k_caches, v_caches = cache.k, cache.v
+
+    ctx = {"positions": positions_BxT, "inv_freq": inv_freq, "allowed": allowed, "start": start}
+    x = params["embed"].astype(c.compute_dtype)[tokens_BxT]
+
+    def body(x, xs):
+        layer, kc, vc = xs
+        x, kc, vc = _block(x, layer, kc, vc, ctx, c)
+        return x, (kc, vc)
+
+    if remat:
+        body = jax.checkpoint(body, prevent_cse=False)
+    x, (k_caches, v_caches) = jax.lax.scan(body, x, (params["layers"], k_caches, v_caches))
+
+    x = rms_norm(x, params["final_norm"].astype(c.compute_dtype), c.rms_norm_eps)
+    new_cache = None
+    if cache is not None:
+        new_cache = KVCache(k=k_caches, v=v_caches, valid=new_valid, end=cache.end + T)
+    if return_hidden:
+        return x, new_cache
+    return project_logits(params, config, x), new_cache
+
+
+def unembedding(params: Params, config: ModelConfig) -> jax.Array:
+    """The [D, V] output projection (the transposed embedding when tied)."""
+    return params["embed"].T if config.tie_embeddings else params["lm_head"]
+
+
+def project_logits(params: Params, config: ModelConfig, hidden_BxTxD) -> jax.Array:
+    w = unembedding(params, config).astype(config.compute_dtype)
+    return (hidden_BxTxD @ w).astype(jnp.float32)
+
+
+def positions_from_mask(mask_BxT: jax.Array) -> jax.Array:
+    """RoPE positions for a left-padded batch: 0 at each row's first real token."""
+    mask = mask_BxT.astype(jnp.int32)
+    return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
