@@ -1,0 +1,271 @@
+"""Prompt templates per model family, and prompt-length filtering.
+
+The one place where a problem becomes prompt text. Each chat template is a plain-Python
+re-implementation of the family's official Jinja chat template, restricted to the
+system/user/assistant turns RL prompts use, and tested byte-for-byte against
+`transformers.apply_chat_template` on those templates (tests/test_templates.py). Python instead
+of Jinja keeps runtime free of transformers/jinja2 and makes prompts deterministic (Llama 3.2's
+official template stamps today's date; ours takes `date_string`).
+
+  name          format                                            instruction goes to
+  qwen25_math   ChatML; system = the Qwen2.5-Math CoT instruction  system (default set)
+  qwen_chat     ChatML as Qwen2/2.5-Instruct; default system is   system
+                "You are Qwen, created by Alibaba Cloud. ..."
+  qwen3         ChatML as Qwen3, no default system. Thinking:     user (suffix)
+                enable_thinking=True (default) leaves the model
+                free to open <think>; enable_thinking=False
+                appends an empty "<think>\\n\\n</think>\\n\\n"
+                block, as Qwen3's template does. (Qwen3-*-2507
+                Instruct models never think and their template
+                adds no block: use enable_thinking=True there.)
+  llama3        Llama 3 instruct headers, BOS in the text         user (suffix)
+  llama32       Llama 3.1/3.2 instruct: always a system block     system
+                with "Cutting Knowledge Date"/"Today Date"
+  plain         "Question: ...\\nAnswer:" for base models and     user (suffix)
+                the tiny synthetic models
+
+A user-suffix instruction is joined as `problem + " " + instruction` (verl's data recipes).
+Chat renderings carry their special tokens as text (BOS included for Llama), so they are
+encoded with add_special=False; `plain` is encoded with add_special=True (the tokenizer's BOS,
+if it has one). `encode_prompt` applies that rule; use it rather than calling encode directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ada.tokenizer import Tokenizer
+
+QWEN25_MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+LLAMA32_DEFAULT_DATE = "26 Jul 2024"  # the fallback date in Meta's Llama 3.1/3.2 template
+
+Message = dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    name: str
+    render: Callable[..., str]  # (messages, add_generation_prompt, **options) -> str
+    instruction_role: str  # "system" or "user": where `instruction` goes
+    default_instruction: str | None
+    add_special: bool  # encode with the tokenizer's own special tokens (BOS)?
+    special_tokens: tuple[str, ...]  # must each be one token of the tokenizer
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        params = inspect.signature(self.render).parameters.values()
+        return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+
+
+# -- renderers: one per official template --------------------------------------------------
+
+
+def _chatml(role: str, content: str) -> str:
+    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+
+
+def _render_qwen25(messages, add_generation_prompt, *, default_system=QWEN_DEFAULT_SYSTEM):
+    """Qwen2/2.5(-Math)-Instruct: a system turn always comes first (a default when absent)."""
+    out = []
+    if messages[0]["role"] == "system":
+        out.append(_chatml("system", messages[0]["content"]))
+        messages = messages[1:]
+    else:
+        out.append(_chatml("system", default_system))
+    out += [_chatml(m["role"], m["content"]) for m in messages]
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+def _render_qwen3(messages, add_generation_prompt, *, enable_thinking=True):
+    """Qwen3: no default system; an empty think block when thinking is switched off."""
+    last_user = max((k for k, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    for k, m in enumerate(messages):
+        if m["role"] == "assistant" and ("<think>" in m["content"] or "</think>" in m["content"]):
+            raise ValueError(
+                "qwen3 template: assistant turns with <think> blocks are re-formatted by Qwen3's "
+                "own template; ada renders RL prompts only (drop the reasoning from the history)"
+            )
+        if m["role"] == "assistant" and k > last_user:
+            raise ValueError(
+                "qwen3 template: an assistant turn after the last user turn (a continuation) "
+                "gets a think block in Qwen3's template; ada does not render that case"
+            )
+    out = [_chatml(m["role"], m["content"]) for m in messages]
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+        if not enable_thinking:
+            out.append("<think>\n\n</think>\n\n")
+    return "".join(out)
+
+
+def _llama_turn(role: str, content: str) -> str:
+    return f"<|start_header_id|>{role}<|end_header_id|>\n\n{content.strip()}<|eot_id|>"
+
+
+_LLAMA_GEN = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def _render_llama3(messages, add_generation_prompt):
+    """Llama 3 instruct: BOS, then header-wrapped turns with trimmed content."""
+    out = ["<|begin_of_text|>"] + [_llama_turn(m["role"], m["content"]) for m in messages]
+    if add_generation_prompt:
+        out.append(_LLAMA_GEN)
+    return "".join(out)
+
+
+def _render_llama32(messages, add_generation_prompt, *, date_string=LLAMA32_DEFAULT_DATE):
+    """Llama 3.1/3.2 instruct: the system block always exists and carries the dates."""
+    system = ""
+    if messages[0]["role"] == "system":
+        system, messages = messages[0]["content"].strip(), messages[1:]
+    out = [
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n",
+        f"Cutting Knowledge Date: December 2023\nToday Date: {date_string}\n\n",
+        system,
+        "<|eot_id|>",
+    ]
+    out += [_llama_turn(m["role"], m["content"]) for m in messages]
+    if add_generation_prompt:
+        out.append(_LLAMA_GEN)
+    return "".join(out)
+
+
+def _render_plain(messages, add_generation_prompt):
+    """Base models: one question, the answer left open."""
+    if len(messages) != 1 or messages[0]["role"] != "user":
+        raise ValueError("plain template renders exactly one user message (no system, no history)")
+    text = f"Question: {messages[0]['content']}\n"
+    return text + "Answer:" if add_generation_prompt else text
+
+
+_CHATML = ("<|im_start|>", "<|im_end|>")
+_LLAMA = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+TEMPLATES: dict[str, Template] = {
+    t.name: t
+    for t in (
+        Template("qwen25_math", _render_qwen25, "system", QWEN25_MATH_INSTRUCTION, False, _CHATML),
+        Template("qwen_chat", _render_qwen25, "system", None, False, _CHATML),
+        Template("qwen3", _render_qwen3, "user", None, False, _CHATML),
+        Template("llama3", _render_llama3, "user", None, False, _LLAMA),
+        Template("llama32", _render_llama32, "system", None, False, _LLAMA),
+        Template("plain", _render_plain, "user", None, True, ()),
+    )
+}
+
+
+def get_template(name: str) -> Template:
+    if name not in TEMPLATES:
+        raise ValueError(f"unknown prompt template {name!r}; known templates: {sorted(TEMPLATES)}")
+    return TEMPLATES[name]
+
+
+def _check_messages(messages: Sequence[Message]) -> list[Message]:
+    if not messages:
+        raise ValueError("messages is empty; a prompt needs at least one user message")
+    out = []
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{k}] must be a dict with a str 'content', got {m!r:.120}")
+        if m.get("role") not in ("system", "user", "assistant"):
+            raise ValueError(
+                f"messages[{k}] has role {m.get('role')!r}; templates render system, user "
+                "and assistant turns (tool turns are not supported)"
+            )
+        if m["role"] == "system" and k > 0:
+            raise ValueError(f"messages[{k}]: a system message may only come first")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def render_messages(
+    template: str, messages: Sequence[Message], add_generation_prompt: bool = True, **options: Any
+) -> str:
+    """Chat messages -> prompt text, as the family's official chat template would render it."""
+    t = get_template(template)
+    unknown = set(options) - set(t.options)
+    if unknown:
+        raise TypeError(
+            f"template {template!r} got unknown options {sorted(unknown)}; "
+            f"it accepts {list(t.options) or 'none'}"
+        )
+    return t.render(_check_messages(messages), add_generation_prompt, **options)
+
+
+def prompt_messages(template: str, problem: str, instruction: str | None = None) -> list[Message]:
+    """The messages of a one-question prompt: `instruction` (or the template's default) goes
+    into the system turn or after the problem, as the template says."""
+    t = get_template(template)
+    if not isinstance(problem, str):
+        raise TypeError(f"problem must be a str, got {type(problem).__name__}")
+    instruction = t.default_instruction if instruction is None else instruction
+    if t.instruction_role == "system":
+        system = [] if instruction is None else [{"role": "system", "content": instruction}]
+        return system + [{"role": "user", "content": problem}]
+    content = problem if not instruction else f"{problem} {instruction}"
+    return [{"role": "user", "content": content}]
+
+
+def render_prompt(
+    template: str, problem: str, instruction: str | None = None, **options: Any
+) -> str:
+    """One problem -> the prompt text the policy continues (generation prompt included)."""
+    return render_messages(template, prompt_messages(template, problem, instruction), **options)
+
+
+def check_template_tokens(tokenizer: Tokenizer, template: str) -> None:
+    """A chat template's markers must each encode to one token, or the model sees garbage."""
+    for s in get_template(template).special_tokens:
+        ids = tokenizer.encode(s)
+        if len(ids) != 1:
+            raise ValueError(
+                f"template {template!r} needs {s!r} as a single token, but tokenizer "
+                f"{tokenizer.path} splits it into {len(ids)} pieces; use the template of the "
+                "model's family (or 'plain' for base and synthetic models)"
+            )
+
+
+def encode_prompt(
+    tokenizer: Tokenizer,
+    template: str,
+    problem: str,
+    instruction: str | None = None,
+    **options: Any,
+) -> list[int]:
+    """Render and encode one prompt, adding BOS only where the rendering does not carry it."""
+    text = render_prompt(template, problem, instruction, **options)
+    return tokenizer.encode(text, add_special=get_template(template).add_special)
+
+
+def filter_by_length(
+    records: Iterable[dict],
+    tokenizer: Tokenizer,
+    template: str,
+    max_prompt_tokens: int,
+    instruction: str | None = None,
+    **options: Any,
+) -> tuple[list[dict], int]:
+    """Keep the records whose rendered prompt has at most `max_prompt_tokens` tokens.
+
+    Returns (kept records in their original order, number dropped). Prompts that do not fit
+    would be truncated or crash the fixed-shape prefill, so they are dropped up front.
+    """
+    if not isinstance(max_prompt_tokens, int) or max_prompt_tokens < 1:
+        raise ValueError(f"max_prompt_tokens must be a positive int, got {max_prompt_tokens!r}")
+    records = list(records)
+    check_template_tokens(tokenizer, template)
+    texts = []
+    for k, r in enumerate(records):
+        if not isinstance(r, dict) or not isinstance(r.get("problem"), str):
+            raise ValueError(f"record {k} needs a str 'problem' field, got {r!r:.120}")
+        texts.append(render_prompt(template, r["problem"], instruction, **options))
+    add_special = get_template(template).add_special
+    lengths = [len(ids) for ids in tokenizer.encode_batch(texts, add_special=add_special)]
+    kept = [r for r, n in zip(records, lengths, strict=True) if n <= max_prompt_tokens]
+    return kept, len(records) - len(kept)
