@@ -1,0 +1,499 @@
+"""Prompt sources: JSONL / Parquet files, the benchmark registry, and the training iterator.
+
+Every source yields the same record dict, so the rest of the pipeline never sees a file
+format:
+
+    {"id": str, "problem": str, "answer": str, "source": str,
+     "solution": str (only when the file has one), ...any other columns, verbatim}
+
+Column names are configurable (`RecordFormat`), so OpenR1-Math / MATH style files
+(`problem`, `answer`, `solution`), GSM8K (`question`, `answer` = "... #### 42") and the
+files in shared/data all load through one reader. Bad input stops at the boundary: a
+missing column, non-UTF-8 bytes, a malformed JSON line, an empty answer or a duplicate id
+raises `DataError` naming the file and the line (JSONL, 1-based) or row (Parquet, 0-based),
+unless `on_bad_row="skip"`, where the row is skipped, counted and logged. An empty file, or
+a file where nothing usable is left, always raises: a run never trains on a silently empty
+dataset.
+
+`PromptIterator` turns a record list into an endless, deterministic, resumable stream of
+global batches of P prompts, each process taking its own disjoint slice.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+Record = dict[str, Any]
+
+ANSWER_FORMATS = ("plain", "gsm8k")
+BAD_ROW_POLICIES = ("raise", "skip")
+DATA_DIR_ENV = "ADA_DATA_DIR"
+
+
+class DataError(ValueError):
+    """A data file (or a row of it) that cannot be used; the message names file, row, fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordFormat:
+    """How the columns of a file map onto a record.
+
+    problem_key / answer_key: required columns. solution_key / id_key / source_key are
+    optional: a missing solution is left out, a missing id becomes `<source>_<row index>`,
+    a missing source becomes `source` (or the file stem). answer_format="gsm8k" takes the
+    text after the last "####" as the answer and the text before it as the solution.
+    """
+
+    problem_key: str = "problem"
+    answer_key: str = "answer"
+    solution_key: str | None = "solution"
+    id_key: str | None = "id"
+    source_key: str | None = "source"
+    answer_format: str = "plain"
+    source: str | None = None
+
+    def __post_init__(self):
+        if self.answer_format not in ANSWER_FORMATS:
+            raise ValueError(
+                f"answer_format={self.answer_format!r} is not one of {ANSWER_FORMATS}"
+            )
+        if not self.problem_key or not self.answer_key:
+            raise ValueError("problem_key and answer_key must be non-empty column names")
+
+
+class _BadRow(Exception):
+    """Internal: one row is unusable; `reason` is a short category used for counting."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def _check_policy(on_bad_row: str) -> None:
+    if on_bad_row not in BAD_ROW_POLICIES:
+        raise ValueError(f"on_bad_row={on_bad_row!r} is not one of {BAD_ROW_POLICIES}")
+
+
+def _as_text(value: Any, column: str) -> str:
+    """Scalars to str; bytes must be UTF-8; containers are rejected rather than str()-ed."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _BadRow("non-utf8", f"column {column!r} is not valid UTF-8 ({e})") from None
+    if isinstance(value, bool) or value is None:
+        raise _BadRow("bad-type", f"column {column!r} is {value!r}, expected text")
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return str(value.item() if isinstance(value, np.generic) else value)
+    raise _BadRow(
+        "bad-type", f"column {column!r} is a {type(value).__name__}, expected text or a number"
+    )
+
+
+def row_to_record(row: Mapping[str, Any], fmt: RecordFormat, default_id: str, source: str) -> Record:
+    """One raw row (dict of columns) -> record; raises _BadRow with a reason on bad input."""
+    for key in (fmt.problem_key, fmt.answer_key):
+        if key not in row:
+            raise _BadRow(
+                "missing-column",
+                f"missing column {key!r} (columns present: {sorted(row)}); "
+                f"set RecordFormat({'problem' if key == fmt.problem_key else 'answer'}_key=...) "
+                "to the column that holds it",
+            )
+    problem = _as_text(row[fmt.problem_key], fmt.problem_key).strip()
+    if not problem:
+        raise _BadRow("empty-problem", f"column {fmt.problem_key!r} is empty")
+    raw_answer = _as_text(row[fmt.answer_key], fmt.answer_key)
+    solution = None
+    if fmt.answer_format == "gsm8k":
+        head, sep, tail = raw_answer.rpartition("####")
+        if not sep:
+            raise _BadRow(
+                "no-final-answer",
+                f"column {fmt.answer_key!r} has no '####' final-answer marker "
+                "(answer_format='gsm8k')",
+            )
+        answer, solution = tail.strip(), head.strip()
+    else:
+        answer = raw_answer.strip()
+    if not answer:
+        raise _BadRow("empty-answer", f"column {fmt.answer_key!r} (the gold answer) is empty")
+    if fmt.solution_key and row.get(fmt.solution_key) is not None:
+        solution = _as_text(row[fmt.solution_key], fmt.solution_key)
+    rid = default_id
+    if fmt.id_key and row.get(fmt.id_key) is not None:
+        rid = _as_text(row[fmt.id_key], fmt.id_key)
+    src = source
+    if fmt.source_key and row.get(fmt.source_key) is not None:
+        src = _as_text(row[fmt.source_key], fmt.source_key)
+
+    used = {fmt.problem_key, fmt.answer_key, fmt.solution_key, fmt.id_key, fmt.source_key}
+    canonical = ("id", "problem", "answer", "solution", "source")
+    record: Record = {k: v for k, v in row.items() if k not in used and k not in canonical}
+    record.update(id=rid, problem=problem, answer=answer, source=src)
+    if solution is not None:
+        record["solution"] = solution
+    return record
+
+
+class _RowCollector:
+    """Accumulates records from one file; applies the bad-row policy and unique ids."""
+
+    def __init__(self, path: str, on_bad_row: str, unit: str):
+        self.path, self.on_bad_row, self.unit = path, on_bad_row, unit
+        self.records: list[Record] = []
+        self.skipped: collections.Counter[str] = collections.Counter()
+        self._first_skips: list[str] = []
+        self._id_where: dict[str, int] = {}
+
+    def bad(self, where: int, err: _BadRow) -> None:
+        msg = f"{self.path}: {self.unit} {where}: {err.detail}"
+        if self.on_bad_row == "raise":
+            raise DataError(msg + " (or pass on_bad_row='skip' to skip such rows)")
+        self.skipped[err.reason] += 1
+        if len(self._first_skips) < 5:
+            self._first_skips.append(msg)
+
+    def add(self, where: int, record: Record) -> None:
+        first = self._id_where.get(record["id"])
+        if first is not None:
+            self.bad(where, _BadRow(
+                "duplicate-id", f"duplicate id {record['id']!r} (first at {self.unit} {first})"))
+            return
+        self._id_where[record["id"]] = where
+        self.records.append(record)
+
+    def finish(self) -> tuple[list[Record], dict[str, int]]:
+        n_skip = sum(self.skipped.values())
+        if n_skip:
+            log.warning("%s: skipped %d bad rows %s; first: %s", self.path, n_skip,
+                        dict(self.skipped), self._first_skips)
+        if not self.records:
+            raise DataError(
+                f"{self.path}: no usable rows ({n_skip} skipped: {dict(self.skipped)}); "
+                "check the column names (RecordFormat) and the file contents"
+            )
+        return self.records, dict(self.skipped)
+
+
+def _read_jsonl(path: Path, fmt: RecordFormat, on_bad_row: str):
+    source = fmt.source or path.stem
+    col = _RowCollector(str(path), on_bad_row, "line")
+    n_nonblank = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # UTF-8 byte-order mark
+            if not raw.strip():
+                continue
+            n_nonblank += 1
+            try:
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise _BadRow(
+                        "non-utf8",
+                        f"not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                        "re-encode the file as UTF-8",
+                    ) from None
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise _BadRow("bad-json", f"malformed JSON ({e.msg} at column {e.colno})") from None
+                if not isinstance(row, dict):
+                    raise _BadRow("bad-json", f"a JSON {type(row).__name__}, expected an object")
+                record = row_to_record(row, fmt, f"{source}_{lineno - 1}", source)
+            except _BadRow as err:
+                col.bad(lineno, err)
+                continue
+            col.add(lineno, record)
+    if n_nonblank == 0:
+        raise DataError(f"{path}: file is empty (no JSON lines); expected one object per line")
+    return col.finish()
+
+
+def _read_parquet(path: Path, fmt: RecordFormat, on_bad_row: str):
+    import pyarrow.parquet as pq
+
+    source = fmt.source or path.stem
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for corrupt/non-parquet files
+        raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from e
+    columns = pf.schema_arrow.names
+    for key, what in ((fmt.problem_key, "problem"), (fmt.answer_key, "answer")):
+        if key not in columns:
+            raise DataError(
+                f"{path}: missing column {key!r} (columns: {columns}); "
+                f"set RecordFormat({what}_key=...) to the column that holds it"
+            )
+    if pf.metadata.num_rows == 0:
+        raise DataError(f"{path}: file is empty (0 rows)")
+    col = _RowCollector(str(path), on_bad_row, "row")
+    index = 0
+    for batch in pf.iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            try:
+                record = row_to_record(row, fmt, f"{source}_{index}", source)
+            except _BadRow as err:
+                col.bad(index, err)
+            else:
+                col.add(index, record)
+            index += 1
+    return col.finish()
+
+
+def read_records(
+    path: str | os.PathLike, fmt: RecordFormat | None = None, on_bad_row: str = "raise"
+) -> tuple[list[Record], dict[str, int]]:
+    """Read one .jsonl / .parquet file -> (records, skipped rows per reason)."""
+    _check_policy(on_bad_row)
+    fmt = fmt or RecordFormat()
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return _read_jsonl(path, fmt, on_bad_row)
+    if suffix in (".parquet", ".pq"):
+        return _read_parquet(path, fmt, on_bad_row)
+    raise DataError(f"{path}: unknown file type {suffix!r}; expected .jsonl or .parquet")
+
+
+def load_records(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+    fmt: RecordFormat | None = None,
+    on_bad_row: str = "raise",
+) -> list[Record]:
+    """Read one or several files into one record list; ids must be unique across files."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not paths:
+        raise DataError("load_records: no files given")
+    out: list[Record] = []
+    seen: dict[str, str] = {}
+    for p in paths:
+        records, _ = read_records(p, fmt, on_bad_row)
+        for r in records:
+            if r["id"] in seen:
+                msg = f"{p}: id {r['id']!r} also appears in {seen[r['id']]}"
+                if on_bad_row == "raise":
+                    raise DataError(msg + "; give the files distinct ids (or on_bad_row='skip')")
+                log.warning("%s; skipped", msg)
+                continue
+            seen[r["id"]] = str(p)
+            out.append(r)
+    return out
+
+
+def write_jsonl(records: Iterable[Record], path: str | os.PathLike) -> int:
+    """Write records one JSON object per line (UTF-8), atomically; returns the count."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    n = 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            n += 1
+    os.replace(tmp, path)
+    return n
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownFile:
+    path: str  # relative to the data dir
+    rows: int  # published size; a different count means a truncated or different copy
+    origin: str
+
+
+_QWEN = "QwenLM/Qwen2.5-Math evaluation/data/{}/test.jsonl (MIT)"
+BENCHMARKS: dict[str, KnownFile] = {
+    "math500": KnownFile("benchmarks/math500.jsonl", 500,
+                         "openai/prm800k prm800k/math_splits/test.jsonl (MIT)"),
+    "minerva_math": KnownFile("benchmarks/minerva_math.jsonl", 272, _QWEN.format("minerva_math")),
+    "olympiadbench": KnownFile("benchmarks/olympiadbench.jsonl", 675,
+                               _QWEN.format("olympiadbench")),
+    "aime24": KnownFile("benchmarks/aime24.jsonl", 30, _QWEN.format("aime24")),
+    "amc23": KnownFile("benchmarks/amc23.jsonl", 40, _QWEN.format("amc23")),
+    "gsm8k_test": KnownFile("benchmarks/gsm8k_test.jsonl", 1319,
+                            "openai/grade-school-math grade_school_math/data/test.jsonl (MIT)"),
+    "aime25": KnownFile("benchmarks/aime25.jsonl", 30,
+                        "inclusionAI/AReaL evaluation/data/aime25/test.jsonl"),
+}
+TRAIN_SETS: dict[str, KnownFile] = {
+    "math_train": KnownFile("train/math_train_deepscaler.jsonl", 7470,
+                            "agentica-project/deepscaler deepscaler/data/train/math.json (MIT)"),
+    "gsm8k_train": KnownFile("train/gsm8k_train.jsonl", 7473,
+                             "openai/grade-school-math grade_school_math/data/train.jsonl (MIT)"),
+    "aime_1983_2023": KnownFile("train/aime_1983_2023_deepscaler.jsonl", 975,
+                                "agentica-project/deepscaler deepscaler/data/train/aime.json (MIT)"),
+}
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """data_dir argument, else $ADA_DATA_DIR; the folder holding benchmarks/ and train/."""
+    d = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV)
+    if not d:
+        raise DataError(
+            f"no data directory: pass data_dir=... or set {DATA_DIR_ENV} to the folder that "
+            "holds benchmarks/*.jsonl and train/*.jsonl (the normalised public files; their "
+            "origins are listed in ada.data.sources.BENCHMARKS / TRAIN_SETS and in "
+            "shared/data/README.md)"
+        )
+    d = Path(d).expanduser()
+    if not d.is_dir():
+        raise DataError(f"data directory {d} does not exist (from data_dir or ${DATA_DIR_ENV})")
+    return d
+
+
+def _load_known(table: dict[str, KnownFile], kind: str, name: str, data_dir, check_count: bool):
+    if name not in table:
+        raise DataError(f"unknown {kind} {name!r}; known: {sorted(table)}")
+    entry = table[name]
+    path = resolve_data_dir(data_dir) / entry.path
+    if not path.is_file():
+        raise DataError(
+            f"{kind} {name!r}: {path} not found. It is the normalised JSONL copy of "
+            f"{entry.origin} ({{id, problem, answer, source}} per line, see "
+            "shared/data/README.md); put it there or point data_dir / "
+            f"${DATA_DIR_ENV} at the folder holding benchmarks/ and train/"
+        )
+    records = load_records(path, RecordFormat(source=name))
+    if check_count and len(records) != entry.rows:
+        raise DataError(
+            f"{path}: {len(records)} rows, expected {entry.rows} for {name!r}; the copy is "
+            "truncated or a different version (pass check_count=False to accept it)"
+        )
+    return records
+
+
+def load_benchmark(name: str, data_dir: str | os.PathLike | None = None,
+                   check_count: bool = True) -> list[Record]:
+    """Load a registered benchmark (see BENCHMARKS) with its gold answers."""
+    return _load_known(BENCHMARKS, "benchmark", name, data_dir, check_count)
+
+
+def load_train_set(name: str, data_dir: str | os.PathLike | None = None,
+                   check_count: bool = True) -> list[Record]:
+    """Load a registered training-prompt file (see TRAIN_SETS)."""
+    return _load_known(TRAIN_SETS, "training set", name, data_dir, check_count)
+
+
+# ----------------------------------------------------------------------------- iterator
+
+
+@dataclasses.dataclass(frozen=True)
+class IteratorState:
+    """Where the stream is: `position` global batches already taken from epoch `epoch`."""
+
+    epoch: int = 0
+    position: int = 0
+
+
+class PromptIterator:
+    """Endless, deterministic, resumable batches of prompts, sharded over processes.
+
+    Epoch e visits the records in the order `permutation(seed, e)`; global batch b of that
+    epoch is `order[b*P:(b+1)*P]` and process i takes the i-th of `process_count` equal,
+    contiguous slices of it, so processes are disjoint and together cover the global batch.
+    The `N mod P` records left over at an epoch's end are dropped for that epoch only (the
+    next epoch reshuffles), which keeps every batch the same static shape. The order
+    depends only on (seed, epoch, N), never on how often the iterator was restarted, so
+    `get_state()` / `set_state()` resume exactly.
+    """
+
+    def __init__(self, records: Sequence[Record], batch_size: int, seed: int = 0,
+                 process_index: int = 0, process_count: int = 1, shuffle: bool = True):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size={batch_size} must be positive")
+        if process_count <= 0 or not 0 <= process_index < process_count:
+            raise ValueError(
+                f"process_index={process_index} must be in [0, process_count={process_count})")
+        if batch_size % process_count:
+            raise ValueError(
+                f"global batch_size={batch_size} is not divisible by process_count="
+                f"{process_count}; each process needs an equal slice")
+        if len(records) < batch_size:
+            raise DataError(
+                f"only {len(records)} prompts for a global batch of {batch_size}; "
+                "lower the batch size or add data")
+        self.records = list(records)
+        self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
+        self.process_index, self.process_count = process_index, process_count
+        self.batches_per_epoch = len(self.records) // batch_size
+        self._state = IteratorState()
+        self._order_epoch, self._order = -1, np.arange(0)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Indices of epoch `epoch`'s visiting order (same on every process)."""
+        if not self.shuffle:
+            return np.arange(len(self.records))
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch])))
+        return rng.permutation(len(self.records))
+
+    def global_batch_indices(self, state: IteratorState) -> np.ndarray:
+        """Record indices of the global batch at `state`, [P]."""
+        if state.epoch != self._order_epoch:
+            self._order_epoch, self._order = state.epoch, self.epoch_order(state.epoch)
+        start = state.position * self.batch_size
+        return self._order[start:start + self.batch_size]
+
+    def local_batch_indices(self, state: IteratorState) -> np.ndarray:
+        """This process's slice of the global batch, [P / process_count]."""
+        per = self.batch_size // self.process_count
+        g = self.global_batch_indices(state)
+        return g[self.process_index * per:(self.process_index + 1) * per]
+
+    def __iter__(self) -> Iterator[list[Record]]:
+        return self
+
+    def __next__(self) -> list[Record]:
+        idx = self.local_batch_indices(self._state)
+        pos = self._state.position + 1
+        if pos == self.batches_per_epoch:
+            self._state = IteratorState(self._state.epoch + 1, 0)
+        else:
+            self._state = IteratorState(self._state.epoch, pos)
+        return [self.records[i] for i in idx]
+
+    @property
+    def state(self) -> IteratorState:
+        return self._state
+
+    def get_state(self) -> dict[str, int]:
+        """JSON-able state for checkpoints; includes what must match on restore."""
+        return {"epoch": self._state.epoch, "position": self._state.position,
+                "seed": self.seed, "num_records": len(self.records),
+                "batch_size": self.batch_size}
+
+    def set_state(self, state: Mapping[str, int]) -> None:
+        """Resume from `get_state()`; refuses a state made for different data or batching."""
+        for key, mine in (("seed", self.seed), ("num_records", len(self.records)),
+                          ("batch_size", self.batch_size)):
+            if key in state and int(state[key]) != mine:
+                raise ValueError(
+                    f"iterator state has {key}={state[key]} but this iterator has {mine}; "
+                    "the checkpoint was made with different data or settings")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position < self.batches_per_epoch:
+            raise ValueError(
+                f"iterator state epoch={epoch} position={position} is out of range "
+                f"(batches per epoch: {self.batches_per_epoch})")
+        self._state = IteratorState(epoch, position)
