@@ -1,0 +1,427 @@
+"""Adaptive collection: rounds or a continuous scheduler over an engine, then selection.
+
+One code path serves every method; a method is a `CollectConfig`:
+
+  grpo          rule none, M = n, N = 1 (one round of n); "GRPO large n" is grpo with big n
+  dapo          grpo + dynamic_sampling: drop groups whose rewards are all equal and draw
+                further prompt batches until P mixed groups (or max_prompt_batches)
+  ada_pos       rule pos,     M = 8, N = 4, rounds
+  ada_balance   rule balance, M = 8, N = 4, rounds
+  ada_balance_continuous   the same rule and budget M x N, continuous scheduler
+  exhaustive    rule none, M = 8, N = 4: every prompt draws its whole budget
+
+Rounds (the reference loop): in round r every active prompt (not done, budget left) gets M
+requests; after the round every response is scored and the rule is re-evaluated on the
+counts. Continuous: a fixed number of engine slots stays busy; `DispatchPolicy` decides which
+active prompt gets each free slot, each finished response is scored at once, and a prompt
+retires the moment its rule holds. Responses still in flight for a retired prompt are
+scored into its pool when they arrive (they count in its statistics and may be selected).
+
+Engine interfaces (duck-typed):
+  generate(list[Request]) -> list[completion]            (rounds only)
+  driver.submit(engine_request); driver.free_slots() -> int; driver.step() -> [completion]
+  make_request(Request) -> engine_request                 (default: the Request itself)
+A completion needs `.prompt_id`, `.sample_idx` (echoed from the request) and `.text`.
+reward_fn(prompt_record, text) -> float (or reward_fn(prompt_record, completion) with
+reward_input="completion", for rewards that need token ids or finish_reason); a raise,
+None, NaN or inf scores `failure_score` and is counted in metrics["reward_failures"]; the
+batch always completes. The engine driver of ada/sampling/driver.py fits as is:
+make_request = lambda r: driver.Request(tokens(r.prompt), r.prompt_id, r.sample_idx, ...).
+
+Multi-host: exit decisions are `rules.RULES[rule](pos, neg, seen, n)` of the pool counts in
+`Pool.stats` (plain sums); a multi-host runner all-reduces those counts before deciding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ada.adaptive import rules
+from ada.adaptive.pool import Pool, PoolStats
+from ada.adaptive.select import select
+
+SCHEDULERS = ("rounds", "continuous")
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One response to draw: row `prompt_id` of the collection, response `sample_idx`."""
+
+    prompt_id: int
+    sample_idx: int
+    prompt: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectConfig:
+    rule: str = "balance"
+    n: int = 4  # group size kept per prompt
+    samples_per_round: int = 8  # M
+    max_rounds: int = 4  # N; the budget per prompt is M x N
+    threshold: float = 0.7  # positive iff reward > threshold
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    scheduler: str = "rounds"  # "rounds" | "continuous"
+    dynamic_sampling: bool = False  # DAPO: keep only mixed groups, draw more prompts
+    max_prompt_batches: int = 8  # DAPO: prompt batches drawn per collection at most
+    max_inflight_per_prompt: int = 0  # continuous: cap on one prompt's in-flight requests (0 = none)
+    failure_score: float = 0.0
+
+    def __post_init__(self):
+        p = []
+        if self.n < 2:
+            p.append(f"n={self.n}: a group needs n >= 2 responses for a baseline; raise n")
+        if self.samples_per_round < 1 or self.max_rounds < 1:
+            p.append(f"samples_per_round={self.samples_per_round} and max_rounds="
+                     f"{self.max_rounds} must both be >= 1")
+        elif self.budget < self.n:
+            p.append(f"samples_per_round * max_rounds = {self.samples_per_round} x "
+                     f"{self.max_rounds} = {self.budget} < n={self.n}: a prompt could never "
+                     f"fill its group; raise samples_per_round or max_rounds, or lower n")
+        if self.rule not in rules.RULES:
+            p.append(f"rule={self.rule!r} is not one of {sorted(rules.RULES)}")
+        if self.scheduler not in SCHEDULERS:
+            p.append(f"scheduler={self.scheduler!r} is not one of {SCHEDULERS}")
+        lo, hi = self.reward_range
+        if not lo < hi:
+            p.append(f"reward_range={self.reward_range} must be (low, high) with low < high")
+        elif not lo <= self.threshold < hi:
+            p.append(f"threshold={self.threshold} is outside the reward range [{lo}, {hi}): "
+                     f"no reward could be {'positive' if self.threshold >= hi else 'negative'};"
+                     f" set threshold inside reward_range (or fix reward_range)")
+        if lo < hi and not lo <= self.failure_score <= hi:
+            p.append(f"failure_score={self.failure_score} is outside reward_range={self.reward_range}")
+        if self.max_prompt_batches < 1:
+            p.append(f"max_prompt_batches={self.max_prompt_batches} must be >= 1")
+        if self.max_inflight_per_prompt < 0:
+            p.append(f"max_inflight_per_prompt={self.max_inflight_per_prompt} must be >= 0")
+        if p:
+            raise ValueError("invalid CollectConfig: " + "; ".join(p))
+
+    @property
+    def budget(self) -> int:
+        return self.samples_per_round * self.max_rounds
+
+
+METHODS = ("grpo", "dapo", "ada_pos", "ada_balance", "ada_balance_continuous", "exhaustive")
+
+
+def method_config(method: str, n: int = 4, samples_per_round: int = 8, max_rounds: int = 4,
+                  **overrides) -> CollectConfig:
+    """The CollectConfig of a named method (see the module docstring)."""
+    grpo = dict(rule="none", samples_per_round=n, max_rounds=1)
+    ada = dict(samples_per_round=samples_per_round, max_rounds=max_rounds)
+    table = {
+        "grpo": grpo,
+        "dapo": dict(grpo, dynamic_sampling=True),
+        "ada_pos": dict(ada, rule="pos"),
+        "ada_balance": dict(ada, rule="balance"),
+        "ada_balance_continuous": dict(ada, rule="balance", scheduler="continuous"),
+        "exhaustive": dict(ada, rule="none"),
+    }
+    if method not in table:
+        raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
+    return CollectConfig(n=n, **{**table[method], **overrides})
+
+
+class DispatchPolicy:
+    """Which active prompts get the next free slots. Pure and engine-independent: the real
+    continuous driver and the simulator both call `pick` with the same counts.
+
+    A prompt is eligible while it is not done, has budget left and (if capped) fewer than
+    `max_inflight` requests in flight. Among eligible prompts, each free slot goes to the
+    first by (in-flight requests already cover its minimum need, in-flight, dispatched,
+    prompt id): prompts whose need is not yet covered come first, then the least loaded.
+    It is work-conserving: slots are only left idle when no prompt is eligible.
+    """
+
+    def __init__(self, rule: str, n: int, budget: int, max_inflight: int = 0):
+        rules.get_rule(rule)
+        self.rule, self.n, self.budget, self.max_inflight = rule, n, budget, max_inflight
+
+    def pick(self, free: int, done, dispatched, inflight, pos, neg) -> list[int]:
+        dispatched = np.array(dispatched, np.int64)
+        inflight = np.array(inflight, np.int64)
+        need = rules.min_needed(self.rule, pos, neg, np.asarray(pos) + np.asarray(neg),
+                                self.n, self.budget)
+        cap = self.max_inflight if self.max_inflight > 0 else np.iinfo(np.int64).max
+        ids = np.arange(dispatched.shape[0], dtype=np.int64)
+        base = self.budget + 1
+        out: list[int] = []
+        for _ in range(free):
+            eligible = ~np.asarray(done) & (dispatched < self.budget) & (inflight < cap)
+            if not eligible.any():
+                break
+            covered = (inflight >= need).astype(np.int64)
+            key = ((covered * base + inflight) * base + dispatched) * ids.size + ids
+            p = int(np.argmin(np.where(eligible, key, np.iinfo(np.int64).max)))
+            out.append(p)
+            dispatched[p] += 1
+            inflight[p] += 1
+        return out
+
+
+def drain(driver, requests: Sequence[Request], make_request=None) -> list:
+    """Run a list of requests through a slot driver to completion (a round's `generate`)."""
+    make_request = make_request or (lambda r: r)
+    pending, out, inflight = deque(requests), [], 0
+    while pending or inflight:
+        for _ in range(min(driver.free_slots(), len(pending))):
+            driver.submit(make_request(pending.popleft()))
+            inflight += 1
+        if inflight == 0:
+            raise RuntimeError("the driver reports no free slots but holds none of our requests")
+        got = driver.step()
+        out.extend(got)
+        inflight -= len(got)
+    return out
+
+
+@dataclasses.dataclass
+class Collected:
+    """A collected batch: exactly n responses for each of P prompts, plus pool statistics."""
+
+    prompts: list  # [P] prompt records of the groups
+    sample_idx: np.ndarray  # [P, n] int32; -1 where group_valid is False
+    rewards: np.ndarray  # [P, n] float32
+    group_valid: np.ndarray  # [P, n] bool
+    completions: list  # [P][n] completion objects (None where invalid)
+    pool: PoolStats  # [P] counts and shifted sums of every response drawn per prompt
+    done: np.ndarray  # [P] bool, the exit rule held
+    mixed: np.ndarray  # [P] bool, kept rewards not all equal
+    samples: np.ndarray  # [P] responses drawn per prompt (dispatched, incl. late ones)
+    metrics: dict = dataclasses.field(default_factory=dict)
+    rounds: list = dataclasses.field(default_factory=list)
+
+    def advantages(self, stats_from: str = "pool", norm_by_std: bool = True):
+        from ada.rl.advantages import advantages
+
+        return advantages(self.rewards, stats_from=stats_from, pool=self.pool,
+                          group_valid_PxN=self.group_valid, norm_by_std=norm_by_std)
+
+
+class Collector:
+    """Collects [P, n] groups for a batch of prompts with one CollectConfig."""
+
+    def __init__(self, config: CollectConfig, reward_fn: Callable[[Any, str], float], *,
+                 generate: Callable[[list[Request]], list] | None = None, driver=None,
+                 make_request: Callable[[Request], Any] | None = None,
+                 policy: DispatchPolicy | None = None, reward_input: str = "text",
+                 prompt_id_offset: int = 0):
+        if reward_input not in ("text", "completion"):
+            raise ValueError(f"reward_input={reward_input!r}; use 'text' or 'completion'")
+        self.config = config
+        self.reward_fn = reward_fn
+        self.reward_input = reward_input
+        # engine-facing prompt_id = prompt_id_offset + row, e.g. a process's first global
+        # prompt, so per-request engine keys differ across hosts; completions map back.
+        self.prompt_id_offset = int(prompt_id_offset)
+        self.driver = driver
+        self.make_request = make_request or (lambda r: r)
+        if generate is None and driver is not None:
+            generate = lambda reqs: drain(driver, reqs, self.make_request)  # noqa: E731
+        self.generate = generate
+        if config.scheduler == "continuous" and driver is None:
+            raise ValueError("scheduler='continuous' needs a slot driver (driver=...)")
+        if config.scheduler == "rounds" and generate is None:
+            raise ValueError("scheduler='rounds' needs generate=... or driver=...")
+        self.policy = policy or DispatchPolicy(config.rule, config.n, config.budget,
+                                               config.max_inflight_per_prompt)
+        self._rule = rules.get_rule(config.rule)
+
+    # ------------------------------------------------------------------ public
+
+    def collect(self, prompts: Sequence, key: jax.Array,
+                more_prompts: Iterable | None = None) -> Collected:
+        """Collect groups for `prompts` (DAPO also draws from `more_prompts`)."""
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("collect() needs at least one prompt")
+        t0 = time.perf_counter()
+        if not self.config.dynamic_sampling:
+            out = self._collect_batch(prompts, key, offset=0)
+        else:
+            if more_prompts is None:
+                raise ValueError("dynamic_sampling (DAPO) needs more_prompts=an iterator of "
+                                 "further prompt records to draw when groups are dropped")
+            out = self._collect_dynamic(prompts, key, iter(more_prompts))
+        out.metrics["seconds"] = time.perf_counter() - t0
+        return out
+
+    # ------------------------------------------------------------------ internals
+
+    def _score(self, prompt, completion) -> tuple[float, bool]:
+        try:
+            r = self.reward_fn(prompt, completion.text if self.reward_input == "text"
+                               else completion)
+            r = float(r)  # None -> TypeError
+        except Exception:  # noqa: BLE001 - a bad reward must not kill the batch
+            return self.config.failure_score, True
+        if not math.isfinite(r):
+            return self.config.failure_score, True
+        return r, False
+
+    def _ingest(self, pool: Pool, prompts, offset, completion, counters) -> tuple[int, float]:
+        p = int(completion.prompt_id) - offset
+        if not 0 <= p < pool.num_prompts:
+            raise ValueError(f"completion has prompt_id={completion.prompt_id}, not a request "
+                             f"of this collection (rows {offset}..{offset + pool.num_prompts - 1})")
+        r, failed = self._score(prompts[p], completion)
+        counters["reward_failures"] += int(failed)
+        pool.add(p, int(completion.sample_idx), r, completion)
+        return p, r
+
+    def _done(self, pool: Pool):
+        s = pool.stats
+        return np.asarray(self._rule(s.pos, s.neg, s.seen, self.config.n), bool)
+
+    def _collect_batch(self, prompts: list, key, offset: int) -> Collected:
+        cfg = self.config
+        pool = Pool(len(prompts), cfg.budget, cfg.threshold, shift=cfg.threshold)
+        offset += self.prompt_id_offset
+        counters = {"reward_failures": 0, "late_samples": 0}
+        if cfg.scheduler == "rounds":
+            rounds = self._run_rounds(prompts, pool, offset, counters)
+        else:
+            rounds = self._run_continuous(prompts, pool, offset, counters)
+        return self._finish(prompts, pool, key, counters, rounds)
+
+    def _run_rounds(self, prompts, pool: Pool, offset, counters) -> list[dict]:
+        cfg, out = self.config, []
+        done = np.zeros(pool.num_prompts, bool)
+        for r in range(cfg.max_rounds):
+            active = np.flatnonzero(~done & (pool.dispatched < cfg.budget))
+            if active.size == 0:
+                break
+            t0 = time.perf_counter()
+            reqs = [Request(int(p) + offset, pool.next_sample_idx(int(p)), prompts[p])
+                    for p in active for _ in range(cfg.samples_per_round)]
+            completions = list(self.generate(reqs))
+            if len(completions) != len(reqs):
+                raise RuntimeError(f"generate returned {len(completions)} completions for "
+                                   f"{len(reqs)} requests; it must answer every request")
+            rewards = [self._ingest(pool, prompts, offset, c, counters)[1] for c in completions]
+            newly = self._done(pool) & ~done
+            done |= newly
+            out.append(dict(round=r, active_prompts=int(active.size), completed=int(newly.sum()),
+                            finished=int(done.sum()), samples=len(reqs),
+                            reward_mean=float(np.mean(rewards)),
+                            seconds=time.perf_counter() - t0))
+        return out
+
+    def _run_continuous(self, prompts, pool: Pool, offset, counters) -> list[dict]:
+        cfg, drv, s = self.config, self.driver, pool.stats
+        done = np.zeros(pool.num_prompts, bool)
+        t0, rewards, steps = time.perf_counter(), [], 0
+        while True:
+            free = drv.free_slots()
+            picks = self.policy.pick(free, done, pool.dispatched, pool.inflight, s.pos, s.neg)
+            for p in picks:
+                drv.submit(self.make_request(
+                    Request(p + offset, pool.next_sample_idx(p), prompts[p])))
+            if int(pool.inflight.sum()) == 0:
+                if free == 0 and np.any(~done & (pool.dispatched < cfg.budget)):
+                    raise RuntimeError("the driver reports no free slots but holds none of our "
+                                       "requests; is another client using it?")
+                break  # nothing in flight and no prompt eligible: every prompt done or spent
+            steps += 1
+            for c in drv.step():
+                p, r = self._ingest(pool, prompts, offset, c, counters)
+                rewards.append(r)
+                if done[p]:
+                    counters["late_samples"] += 1
+                elif self._rule(s.pos[p], s.neg[p], s.seen[p], cfg.n):
+                    done[p] = True
+        return [dict(round=0, active_prompts=pool.num_prompts, completed=int(done.sum()),
+                     finished=int(done.sum()), samples=int(pool.dispatched.sum()),
+                     reward_mean=float(np.mean(rewards)) if rewards else 0.0,
+                     seconds=time.perf_counter() - t0, driver_steps=steps)]
+
+    def _finish(self, prompts, pool: Pool, key, counters, rounds) -> Collected:
+        cfg = self.config
+        if int(pool.inflight.sum()):
+            raise RuntimeError("collection ended with requests still in flight")
+        idx, st = select(pool.rewards.astype(np.float32), pool.valid, cfg.n, cfg.rule, key,
+                         cfg.threshold)
+        idx = np.asarray(idx)
+        gv = np.asarray(st["group_valid"])
+        P = pool.num_prompts
+        comps = [[pool.completions[p][int(i)] if v else None for i, v in zip(idx[p], gv[p])]
+                 for p in range(P)]
+        rewards_pxn = np.where(gv, np.take_along_axis(pool.rewards, np.maximum(idx, 0), 1), 0.0)
+        samples = pool.dispatched.copy()
+        mixed = np.asarray(st["mixed"])
+        out = Collected(
+            prompts=list(prompts), sample_idx=idx, rewards=rewards_pxn.astype(np.float32),
+            group_valid=gv, completions=comps, pool=pool.stats,
+            done=np.asarray(st["done"]), mixed=mixed, samples=samples, rounds=rounds,
+        )
+        out.metrics = dict(counters, **_summary(samples.sum(), mixed, P, out.done))
+        return out
+
+    def _collect_dynamic(self, prompts, key, more: Iterator) -> Collected:
+        P = len(prompts)
+        kept, uniform, batches, drawn = [], [], [], 0
+        batch = prompts
+        for b in range(self.config.max_prompt_batches):
+            res = self._collect_batch(batch, jax.random.fold_in(key, b), offset=b * P)
+            batches.append(res)
+            drawn += len(batch)
+            for i in range(len(batch)):
+                (kept if res.mixed[i] else uniform).append((res, i))
+            if len(kept) >= P:
+                break
+            batch = list(itertools.islice(more, P))
+            if not batch:
+                break
+        rows = kept[:P] + uniform[: P - min(P, len(kept))]
+        out = _take_rows(rows)
+        total = int(sum(r.samples.sum() for r in batches))
+        out.metrics = {
+            "reward_failures": sum(r.metrics["reward_failures"] for r in batches),
+            "late_samples": sum(r.metrics["late_samples"] for r in batches),
+            **_summary(total, out.mixed, P, out.done),
+            "prompt_batches": len(batches), "prompts_drawn": drawn,
+            "unfilled": int(P - min(P, len(kept))),
+        }
+        out.rounds = [dict(rd, batch=b) for b, r in enumerate(batches) for rd in r.rounds]
+        return out
+
+
+def _summary(total_samples, mixed, P, done) -> dict:
+    n_mixed = int(np.sum(mixed))
+    return dict(
+        samples=int(total_samples), samples_per_prompt=float(total_samples) / P,
+        mixed_share=n_mixed / P,
+        samples_per_mixed_prompt=(float(total_samples) / n_mixed if n_mixed else float("inf")),
+        exited_share=float(np.mean(done)),
+    )
+
+
+def _take_rows(rows: list[tuple[Collected, int]]) -> Collected:
+    """Stack chosen rows of several Collected into one (DAPO's batch assembly)."""
+    def cat(get):
+        return np.stack([get(r)[i] for r, i in rows])
+
+    pools = [r.pool.take(np.array([i])) for r, i in rows]
+    pool = pools[0]
+    pool = PoolStats(pos=np.concatenate([q.pos for q in pools]),
+                     neg=np.concatenate([q.neg for q in pools]),
+                     s1=np.concatenate([q.s1 for q in pools]),
+                     s2=np.concatenate([q.s2 for q in pools]), shift=pool.shift)
+    return Collected(
+        prompts=[r.prompts[i] for r, i in rows],
+        sample_idx=cat(lambda r: r.sample_idx), rewards=cat(lambda r: r.rewards),
+        group_valid=cat(lambda r: r.group_valid),
+        completions=[r.completions[i] for r, i in rows], pool=pool,
+        done=cat(lambda r: r.done), mixed=cat(lambda r: r.mixed),
+        samples=cat(lambda r: r.samples),
+    )

@@ -1,0 +1,149 @@
+"""Per-prompt pool state: the counts the exit rules read and the reward moments the baseline
+reads, for every response drawn for a prompt (the "global statistics" of Reinforce-Ada).
+
+Everything is a plain sum over responses, so a multi-host runner can all-reduce the arrays
+(`PoolStats.merge` is that reduction) and every host reaches the same exit decisions:
+
+  pos, neg   responses with reward > threshold / <= threshold
+  s1, s2     sum of (r - shift) and of (r - shift)^2
+
+Moments are shifted by a constant `shift` (the threshold by default, a value inside the
+reward range): mean = shift + s1 / c, var = (s2 - s1^2 / c) / (c - 1) (Bessel), clamped at 0.
+Raw sums of r and r^2 cancel catastrophically when |mean| >> std; shifting by a value near
+the data keeps the error at the level of Welford's update while the state stays a sum, which
+Welford's (mean, M2) pair is not. Pools of one sample (or none) get mean 0, std 1, as in the
+reference (verl fork, `_compute_with_global_stats`). Host-side accumulation is float64.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+
+def _xp(x):
+    return jnp if isinstance(x, jax.Array) else np
+
+
+@struct.dataclass
+class PoolStats:
+    """Counts and shifted reward sums per prompt, all [P]."""
+
+    pos: jax.Array  # [P] int
+    neg: jax.Array  # [P] int
+    s1: jax.Array  # [P] float, sum of (r - shift)
+    s2: jax.Array  # [P] float, sum of (r - shift)^2
+    shift: float = struct.field(pytree_node=False, default=0.0)
+
+    @property
+    def seen(self):
+        return self.pos + self.neg
+
+    @classmethod
+    def empty(cls, num_prompts: int, shift: float = 0.0) -> PoolStats:
+        z = np.zeros((num_prompts,), np.int64)
+        f = np.zeros((num_prompts,), np.float64)
+        return cls(pos=z, neg=z.copy(), s1=f, s2=f.copy(), shift=float(shift))
+
+    def merge(self, other: PoolStats) -> PoolStats:
+        """Sum of two partial pools (e.g. the same prompts' responses on two hosts)."""
+        if other.shift != self.shift:
+            raise ValueError(f"cannot merge pools with shifts {self.shift} and {other.shift}")
+        return self.replace(
+            pos=self.pos + other.pos, neg=self.neg + other.neg,
+            s1=self.s1 + other.s1, s2=self.s2 + other.s2,
+        )
+
+    def take(self, idx) -> PoolStats:
+        return self.replace(pos=self.pos[idx], neg=self.neg[idx], s1=self.s1[idx], s2=self.s2[idx])
+
+    def mean_std(self):
+        return moments(self.seen, self.s1, self.s2, self.shift)
+
+
+def add_one(stats: PoolStats, prompt: int, reward: float, threshold: float) -> None:
+    """In-place host update for one scored response (NumPy arrays only)."""
+    if reward > threshold:
+        stats.pos[prompt] += 1
+    else:
+        stats.neg[prompt] += 1
+    d = float(reward) - stats.shift
+    stats.s1[prompt] += d
+    stats.s2[prompt] += d * d
+
+
+def moments(count, s1, s2, shift):
+    """(mean, std) from shifted sums; Bessel-corrected; count <= 1 -> (0, 1)."""
+    xp = _xp(s1)
+    c = xp.maximum(count, 1).astype(s1.dtype)
+    mean_d = s1 / c
+    var = (s2 - s1 * mean_d) / xp.maximum(c - 1, 1)
+    std = xp.sqrt(xp.maximum(var, 0))
+    many = count > 1
+    return xp.where(many, shift + mean_d, 0.0), xp.where(many, std, 1.0)
+
+
+def stats_from_pool(rewards_PxS, valid_PxS, threshold, shift: float = 0.0) -> PoolStats:
+    """PoolStats of a padded pool array (jnp; rows are prompts, invalid entries ignored)."""
+    r = jnp.asarray(rewards_PxS)
+    v = jnp.asarray(valid_PxS, bool)
+    is_pos = v & (r > threshold)
+    d = jnp.where(v, r - shift, 0.0)
+    return PoolStats(
+        pos=jnp.sum(is_pos, axis=1, dtype=jnp.int32),
+        neg=jnp.sum(v & ~is_pos, axis=1, dtype=jnp.int32),
+        s1=jnp.sum(d, axis=1),
+        s2=jnp.sum(d * d, axis=1),
+        shift=float(shift),
+    )
+
+
+class Pool:
+    """Host-side pool of a batch: every scored response, stored at its sample index.
+
+    Arrays are [P, budget]; the column is the request's `sample_idx`, so the pool (and the
+    selection made from it) does not depend on the order in which responses arrive.
+    """
+
+    def __init__(self, num_prompts: int, budget: int, threshold: float, shift: float):
+        self.threshold = float(threshold)
+        self.rewards = np.zeros((num_prompts, budget), np.float64)
+        self.valid = np.zeros((num_prompts, budget), bool)
+        self.completions: list[dict[int, object]] = [{} for _ in range(num_prompts)]
+        self.dispatched = np.zeros((num_prompts,), np.int64)
+        self.stats = PoolStats.empty(num_prompts, shift)
+
+    @property
+    def num_prompts(self) -> int:
+        return self.rewards.shape[0]
+
+    @property
+    def budget(self) -> int:
+        return self.rewards.shape[1]
+
+    @property
+    def inflight(self):
+        return self.dispatched - self.stats.seen
+
+    def next_sample_idx(self, prompt: int) -> int:
+        """Reserve the next sample index of `prompt` (one request)."""
+        idx = int(self.dispatched[prompt])
+        if idx >= self.budget:
+            raise RuntimeError(f"prompt {prompt} is past its budget of {self.budget} samples")
+        self.dispatched[prompt] += 1
+        return idx
+
+    def add(self, prompt: int, sample_idx: int, reward: float, completion) -> None:
+        if not 0 <= sample_idx < self.dispatched[prompt]:
+            raise ValueError(
+                f"completion for prompt {prompt} has sample_idx={sample_idx}, which was never "
+                f"requested (dispatched {self.dispatched[prompt]})"
+            )
+        if self.valid[prompt, sample_idx]:
+            raise ValueError(f"duplicate completion for prompt {prompt}, sample_idx {sample_idx}")
+        self.rewards[prompt, sample_idx] = reward
+        self.valid[prompt, sample_idx] = True
+        self.completions[prompt][sample_idx] = completion
+        add_one(self.stats, prompt, reward, self.threshold)

@@ -1,0 +1,246 @@
+"""Collector: round loop and continuous scheduler vs a brute-force reference of the rounds."""
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+from ada.adaptive import rules
+from ada.adaptive.collect import (
+    CollectConfig,
+    Collector,
+    DispatchPolicy,
+    Request,
+    method_config,
+)
+from ada.adaptive.simulate import (
+    SimPrompt,
+    SimulatedDriver,
+    SimulatedPolicy,
+    prompt_stream,
+    sim_reward,
+)
+
+THR = 0.7
+
+
+def outcomes(prompts, policy, budget):
+    """The fixed reward of every (prompt, sample_idx) the simulator would produce."""
+    return [[float(policy.outcome(p, s)[0]) for s in range(budget)] for p in prompts]
+
+
+def ref_rounds(table, rule, n, M, N):
+    """Brute-force verl round loop: (samples drawn, done) per prompt."""
+    out = []
+    for rewards in table:
+        drawn, done = 0, False
+        for _ in range(N):
+            if done:
+                break
+            drawn += M
+            pool = rewards[:drawn]
+            pos = sum(x > THR for x in pool)
+            done = {"pos": pos >= 1 and drawn >= n,
+                    "balance": pos >= n // 2 and drawn - pos >= n - n // 2, "none": False}[rule]
+        out.append((drawn, done))
+    return out
+
+
+def ref_sequential(table, rule, n, budget):
+    """One response at a time: stop at the first prefix where the rule holds."""
+    out = []
+    for rewards in table:
+        for k in range(1, budget + 1):
+            pos = sum(x > THR for x in rewards[:k])
+            if rules.RULES[rule](pos, k - pos, k, n):
+                out.append((k, True))
+                break
+        else:
+            out.append((budget, False))
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return list(itertools.islice(prompt_stream("skewed", seed=5), 24))
+
+
+def check_groups(out, n, budget):
+    P = len(out.prompts)
+    assert out.sample_idx.shape == out.rewards.shape == (P, n)
+    assert out.group_valid.all()
+    for p in range(P):
+        members = out.sample_idx[p]
+        assert len(set(members.tolist())) == n and members.max() < out.samples[p] <= budget
+        assert [c.sample_idx for c in out.completions[p]] == members.tolist()
+        assert all(c.prompt_id % P == p for c in out.completions[p])
+    assert np.all(out.pool.seen == out.samples)  # late responses are in the pool too
+
+
+@pytest.mark.parametrize("rule", ["pos", "balance", "none"])
+def test_rounds_match_reference(prompts, rule):
+    pol = SimulatedPolicy(seed=1)
+    cfg = CollectConfig(rule=rule, n=4, samples_per_round=3, max_rounds=4, threshold=THR)
+    out = Collector(cfg, sim_reward, driver=SimulatedDriver(pol, 7)).collect(
+        prompts, jax.random.key(0))
+    want = ref_rounds(outcomes(prompts, pol, cfg.budget), rule, 4, 3, 4)
+    assert [(int(s), bool(d)) for s, d in zip(out.samples, out.done)] == want
+    check_groups(out, 4, cfg.budget)
+    assert out.rounds[0]["active_prompts"] == len(prompts)
+    assert sum(r["samples"] for r in out.rounds) == out.metrics["samples"] == sum(w[0] for w in want)
+    # rounds never leave requests late
+    assert out.metrics["late_samples"] == 0
+
+
+def test_continuous_one_slot_is_sequential(prompts):
+    pol = SimulatedPolicy(seed=2)
+    cfg = method_config("ada_balance_continuous")
+    out = Collector(cfg, sim_reward, driver=SimulatedDriver(pol, 1)).collect(
+        prompts, jax.random.key(0))
+    want = ref_sequential(outcomes(prompts, pol, cfg.budget), "balance", 4, cfg.budget)
+    assert [(int(s), bool(d)) for s, d in zip(out.samples, out.done)] == want
+    check_groups(out, 4, cfg.budget)
+
+
+@pytest.mark.parametrize("slots", [5, 64])
+def test_continuous_same_exit_decisions_as_rounds(prompts, slots):
+    pol = SimulatedPolicy(seed=3)
+    rounds = Collector(method_config("ada_balance"), sim_reward,
+                       driver=SimulatedDriver(pol, 16)).collect(prompts, jax.random.key(1))
+    cont = Collector(method_config("ada_balance_continuous"), sim_reward,
+                     driver=SimulatedDriver(pol, slots)).collect(prompts, jax.random.key(1))
+    np.testing.assert_array_equal(cont.done, rounds.done)
+    np.testing.assert_array_equal(cont.mixed, rounds.mixed)
+    assert np.all(cont.samples <= 32)
+    assert cont.metrics["samples"] <= rounds.metrics["samples"]
+    check_groups(cont, 4, 32)
+    # the pool's counts decide: done == rule(counts) for every prompt (late ones included)
+    s = cont.pool
+    np.testing.assert_array_equal(cont.done, rules.balance_rule(s.pos, s.neg, s.seen, 4))
+
+
+def test_selection_does_not_depend_on_slots_or_arrival(prompts):
+    pol = SimulatedPolicy(seed=4)
+    a, b = (Collector(method_config("exhaustive"), sim_reward,
+                      driver=SimulatedDriver(pol, k)).collect(prompts, jax.random.key(7))
+            for k in (3, 50))
+    np.testing.assert_array_equal(a.sample_idx, b.sample_idx)
+    np.testing.assert_array_equal(a.rewards, b.rewards)
+
+
+def test_grpo_keeps_its_one_round(prompts):
+    out = Collector(method_config("grpo", n=4), sim_reward,
+                    driver=SimulatedDriver(SimulatedPolicy(), 8)).collect(prompts, jax.random.key(0))
+    assert np.all(out.samples == 4)
+    assert np.all(np.sort(out.sample_idx, axis=1) == np.arange(4))
+    # GRPO's pool is its group: pool and group baselines share the mean
+    a_pool = np.asarray(out.advantages("pool", norm_by_std=False))
+    a_group = np.asarray(out.advantages("group", norm_by_std=False))
+    np.testing.assert_allclose(a_pool, a_group, atol=1e-6)
+
+
+def test_dapo_fills_with_mixed_groups():
+    stream = prompt_stream("skewed", seed=9)
+    first = list(itertools.islice(stream, 16))
+    out = Collector(method_config("dapo"), sim_reward,
+                    driver=SimulatedDriver(SimulatedPolicy(), 8)).collect(
+        first, jax.random.key(0), more_prompts=stream)
+    assert out.mixed.all() and out.metrics["unfilled"] == 0
+    assert out.metrics["samples"] == 4 * out.metrics["prompts_drawn"]
+    assert out.metrics["prompt_batches"] > 1
+    assert len({p.uid for p in out.prompts}) == 16
+    for p, comps in zip(out.prompts, out.completions):  # groups stay with their prompt
+        assert [float(c.text) for c in comps] == [
+            float(SimulatedPolicy().outcome(p, c.sample_idx)[0]) for c in comps]
+
+
+def test_dapo_keeps_shape_when_prompts_run_out():
+    first = [SimPrompt(i, 0.0) for i in range(4)]  # all-wrong: never mixed
+    out = Collector(method_config("dapo"), sim_reward,
+                    driver=SimulatedDriver(SimulatedPolicy(), 4)).collect(
+        first, jax.random.key(0), more_prompts=[SimPrompt(9, 0.0)])
+    assert out.rewards.shape == (4, 4) and out.metrics["unfilled"] == 4
+    assert out.metrics["mixed_share"] == 0.0
+
+
+def test_bad_rewards_score_zero_and_are_counted(prompts):
+    calls = itertools.count()
+
+    def flaky(prompt, text):
+        k = next(calls) % 4
+        if k == 0:
+            raise RuntimeError("verifier crashed")
+        return [None, float("nan"), float(text)][k - 1]
+
+    out = Collector(method_config("grpo"), flaky,
+                    driver=SimulatedDriver(SimulatedPolicy(), 8)).collect(prompts, jax.random.key(0))
+    n_req = 4 * len(prompts)
+    assert out.metrics["reward_failures"] == 3 * n_req // 4
+    assert out.metrics["samples"] == n_req and out.rewards.shape == (len(prompts), 4)
+    assert np.isfinite(out.rewards).all()
+
+
+def test_generate_callable_round_loop(prompts):
+    """The plain generate(requests) path (no driver) gives the same batch as the driver."""
+    pol = SimulatedPolicy(seed=6)
+
+    def generate(reqs):
+        d = SimulatedDriver(pol, len(reqs))
+        for r in reqs:
+            d.submit(r)
+        out = []
+        while len(out) < len(reqs):
+            out += d.step()
+        return out[::-1]  # arrival order must not matter
+
+    a = Collector(method_config("ada_pos"), sim_reward, generate=generate).collect(
+        prompts, jax.random.key(3))
+    b = Collector(method_config("ada_pos"), sim_reward, driver=SimulatedDriver(pol, 3),
+                  prompt_id_offset=1000).collect(prompts, jax.random.key(3))
+    assert all(c.prompt_id >= 1000 for row in b.completions for c in row)  # engine-facing ids
+    np.testing.assert_array_equal(a.sample_idx, b.sample_idx)
+    np.testing.assert_array_equal(a.samples, b.samples)
+
+
+@pytest.mark.parametrize("kwargs, setting", [
+    (dict(samples_per_round=1, max_rounds=3, n=4), "samples_per_round or max_rounds"),
+    (dict(n=1), "raise n"),
+    (dict(threshold=1.0), "set threshold inside reward_range"),
+    (dict(threshold=-0.5), "set threshold inside reward_range"),
+    (dict(rule="balanced"), "rule="),
+    (dict(scheduler="async"), "scheduler="),
+])
+def test_config_rejects_inconsistent_settings(kwargs, setting):
+    with pytest.raises(ValueError, match=setting):
+        CollectConfig(**kwargs)
+
+
+def test_collector_needs_an_engine():
+    with pytest.raises(ValueError, match="driver"):
+        Collector(method_config("ada_balance_continuous"), sim_reward, generate=lambda r: [])
+    with pytest.raises(ValueError, match="more_prompts"):
+        Collector(method_config("dapo"), sim_reward, generate=lambda r: []).collect(
+            [SimPrompt(0, 0.5)], jax.random.key(0))
+
+
+def test_dispatch_policy_prefers_uncovered_then_least_loaded():
+    pol = DispatchPolicy("balance", n=4, budget=32)
+    done = np.array([False, False, False, True])
+    dispatched = np.array([4, 1, 0, 0])
+    inflight = np.array([4, 1, 0, 0])
+    pos = neg = np.zeros(4, int)
+    # prompt 0's 4 in flight cover its need of 4; 3 is done; 2 (idle) first, then the tie
+    # 1 vs 2 (one in flight each, one dispatched each) goes to the lower id
+    assert pol.pick(3, done, dispatched, inflight, pos, neg) == [2, 1, 2]
+    assert pol.pick(5, done, dispatched, inflight, pos, neg) == [2, 1, 2, 1, 2]
+    # once every need is covered, the least loaded prompt gets the slot (work-conserving)
+    assert pol.pick(2, done, [4, 4, 0, 0], [4, 5, 0, 0], pos, neg) == [2, 2]
+    assert pol.pick(2, done, [4, 4, 4, 0], [4, 5, 4, 0], pos, neg) == [0, 2]
+    capped = DispatchPolicy("balance", n=4, budget=32, max_inflight=1)
+    assert capped.pick(5, done, dispatched, inflight, pos, neg) == [2]
+
+
+def test_request_echoes_ids():
+    r = Request(3, 5, "p")
+    assert (r.prompt_id, r.sample_idx, r.prompt) == (3, 5, "p")
