@@ -17,3 +17,14 @@ __all__ = [
     "PRESETS", "preset", "KVCache", "Llama3RopeScaling", "ModelConfig", "count_params",
     "forward", "init_cache", "init_params", "param_shapes", "positions_from_mask",
 ]
+
+from ada.models.hf import (  # noqa: E402
+    CheckpointError,
+    check_vocab,
+    config_from_hf,
+    config_to_hf,
+    load_hf,
+    save_hf,
+)
+
+__all__ += ["CheckpointError", "check_vocab", "config_from_hf", "config_to_hf", "load_hf", "save_hf"]

@@ -1,0 +1,67 @@
+"""Full-size configs of the models the paper trains, for planning (memory, FLOPs), not tests.
+
+Numbers are those of each model's Hugging Face `config.json`. The training layout is
+float32 master weights with bfloat16 compute (`param_dtype="float32"`, `dtype="bfloat16"`);
+use `.replace(param_dtype="bfloat16")` for a bf16-weights plan. Look a model up by name with
+`known("qwen2.5-math-7b")`.
+"""
+
+from __future__ import annotations
+
+from ada.models.transformer import Llama3RopeScaling, ModelConfig
+
+_TRAIN_DTYPES = dict(dtype="bfloat16", param_dtype="float32")
+
+# Qwen/Qwen2.5-Math-1.5B: Qwen2 architecture (q/k/v bias), tied embeddings, 4k context.
+QWEN25_MATH_1_5B = ModelConfig(
+    family="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+    num_layers=28, num_heads=12, num_kv_heads=2, head_dim=128, rope_theta=10000.0,
+    rms_norm_eps=1e-6, qkv_bias=True, tie_embeddings=True, max_position_embeddings=4096,
+    **_TRAIN_DTYPES,
+)
+
+# Qwen/Qwen2.5-Math-7B: untied lm_head, vocabulary padded to 152064.
+QWEN25_MATH_7B = ModelConfig(
+    family="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+    num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128, rope_theta=10000.0,
+    rms_norm_eps=1e-6, qkv_bias=True, tie_embeddings=False, max_position_embeddings=4096,
+    **_TRAIN_DTYPES,
+)
+
+# meta-llama/Llama-3.2-3B(-Instruct): llama3 RoPE scaling, tied embeddings.
+LLAMA32_3B = ModelConfig(
+    family="llama", vocab_size=128256, hidden_size=3072, intermediate_size=8192,
+    num_layers=28, num_heads=24, num_kv_heads=8, head_dim=128, rope_theta=500000.0,
+    rope_scaling=Llama3RopeScaling(
+        factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    ),
+    rms_norm_eps=1e-5, qkv_bias=False, tie_embeddings=True, max_position_embeddings=131072,
+    **_TRAIN_DTYPES,
+)
+
+# Qwen/Qwen3-4B (base/thinking): per-head q/k RMSNorm, head_dim 128 decoupled from hidden.
+QWEN3_4B = ModelConfig(
+    family="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728,
+    num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6, qk_norm=True, tie_embeddings=True, max_position_embeddings=40960,
+    **_TRAIN_DTYPES,
+)
+
+# Qwen/Qwen3-4B-Instruct-2507: same shapes, larger RoPE base and 256k context.
+QWEN3_4B_INSTRUCT_2507 = QWEN3_4B.replace(rope_theta=5_000_000.0, max_position_embeddings=262144)
+
+KNOWN = {
+    "qwen2.5-math-1.5b": QWEN25_MATH_1_5B,
+    "qwen2.5-math-7b": QWEN25_MATH_7B,
+    "llama-3.2-3b": LLAMA32_3B,
+    "qwen3-4b": QWEN3_4B,
+    "qwen3-4b-instruct-2507": QWEN3_4B_INSTRUCT_2507,
+}
+
+
+def known(name: str) -> ModelConfig:
+    key = name.lower()
+    if key not in KNOWN:
+        raise ValueError(f"unknown model {name!r}; known full-size models: {sorted(KNOWN)}")
+    return KNOWN[key]
