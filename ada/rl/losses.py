@@ -1,0 +1,200 @@
+"""Token-level policy losses as pure functions over [B, T] arrays with a response mask.
+
+PPO-clip (asymmetric clip range, dual clip for negative advantages), entropy bonus and KL
+to a reference policy, aggregated over tokens in one of verl's three modes:
+
+  token-mean            sum over all response tokens / number of response tokens
+  seq-mean-token-sum    mean over sequences of each sequence's token sum
+  seq-mean-token-mean   mean over sequences of each sequence's token mean
+
+Every aggregate is written as  sum_bt w[b, t] * x[b, t]  /  denominator, where the weights
+w depend only on the row itself and the denominator on the whole mini-batch. A mini-batch
+split into micro-batches therefore gives exactly the unsplit loss and gradient when each
+micro-batch divides by the *mini-batch's* denominator and the results are summed
+(`denominators` below). Rows with no response token count for nothing: they add no weight,
+and the sequence means run over non-empty rows only (a mini-batch with no response token
+has loss 0, not NaN).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOG_RATIO_CLAMP = 20.0  # as verl: keeps exp() finite for wildly off-policy tokens
+K3_CLAMP = 10.0  # as verl's low_var_kl
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Knobs of the policy loss (paper defaults: clip 0.2 / 0.28, entropy 1e-4, no KL)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip_c: float | None = 10.0  # lower bound on the loss for A < 0; None disables
+    agg_mode: str = "token-mean"
+    entropy_coef: float = 1e-4
+    kl_coef: float = 0.0  # > 0 needs ref_logp in the batch
+    kl_estimator: str = "k3"
+
+    def __post_init__(self):
+        problems = []
+        if self.agg_mode not in AGG_MODES:
+            problems.append(f"agg_mode={self.agg_mode!r} is not one of {AGG_MODES}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            problems.append(f"kl_estimator={self.kl_estimator!r} is not one of {KL_ESTIMATORS}")
+        if not (0 <= self.eps_low < 1) or self.eps_high < 0:
+            problems.append(f"clip range eps_low={self.eps_low}, eps_high={self.eps_high} "
+                            "needs 0 <= eps_low < 1 and eps_high >= 0")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            problems.append(f"dual_clip_c={self.dual_clip_c} must be > 1 (or None to disable)")
+        if problems:
+            raise ValueError("invalid LossConfig: " + "; ".join(problems))
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+def agg_weights(mask_BxT: jax.Array, mode: str) -> jax.Array:
+    """Per-token weights of an aggregate; each row's weights depend only on that row."""
+    mask = mask_BxT.astype(jnp.float32)
+    if mode in ("token-mean", "seq-mean-token-sum"):
+        return mask
+    if mode == "seq-mean-token-mean":
+        return mask / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
+    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGG_MODES}")
+
+
+def denominators(mask_BxT: jax.Array, mode: str) -> dict[str, jax.Array]:
+    """Mini-batch normalisers: 'loss' for the aggregation mode, 'tokens' for token means."""
+    mask = mask_BxT.astype(jnp.float32)
+    tokens = mask.sum()
+    rows = (mask.sum(-1) > 0).astype(jnp.float32).sum()
+    loss = tokens if mode == "token-mean" else rows
+    return {"loss": jnp.maximum(loss, 1.0), "tokens": jnp.maximum(tokens, 1.0)}
+
+
+def aggregate(x_BxT, mask_BxT, mode: str, denominator=None) -> jax.Array:
+    """The `mode` aggregate of x over the masked tokens (denominator: see module doc)."""
+    if denominator is None:
+        denominator = denominators(mask_BxT, mode)["loss"]
+    return jnp.sum(agg_weights(mask_BxT, mode) * x_BxT) / denominator
+
+
+def masked_token_mean(x_BxT, mask_BxT, denominator=None) -> jax.Array:
+    mask = mask_BxT.astype(jnp.float32)
+    if denominator is None:
+        denominator = jnp.maximum(mask.sum(), 1.0)
+    return jnp.sum(mask * x_BxT) / denominator
+
+
+# ----------------------------------------------------------------------------- per-token terms
+
+
+def ppo_clip_terms(logp_BxT, old_logp_BxT, adv_BxT, config: LossConfig) -> dict[str, jax.Array]:
+    """Per-token PPO-clip loss (to minimise) and which branch was taken.
+
+    loss = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), and for A < 0 additionally
+    min(that, -A c) (dual clip: a token with a huge ratio and negative advantage cannot
+    dominate the batch).
+    """
+    log_ratio = jnp.clip(logp_BxT - old_logp_BxT, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    loss_plain = -adv_BxT * ratio
+    loss_clipped = -adv_BxT * jnp.clip(ratio, 1.0 - config.eps_low, 1.0 + config.eps_high)
+    loss = jnp.maximum(loss_plain, loss_clipped)
+    clipped = loss_clipped > loss_plain
+    dual_clipped = jnp.zeros_like(clipped)
+    if config.dual_clip_c is not None:
+        loss_dual = -adv_BxT * config.dual_clip_c
+        negative = adv_BxT < 0
+        dual_clipped = negative & (loss > loss_dual)
+        loss = jnp.where(negative, jnp.minimum(loss, loss_dual), loss)
+    return {"loss": loss, "ratio": ratio, "log_ratio": log_ratio,
+            "clipped": clipped, "dual_clipped": dual_clipped}
+
+
+def kl_penalty(logp_BxT, ref_logp_BxT, estimator: str) -> jax.Array:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1/k2/k3)."""
+    log_r = logp_BxT - ref_logp_BxT
+    if estimator == "k1":
+        return log_r
+    if estimator == "k2":
+        return 0.5 * log_r * log_r
+    if estimator == "k3":
+        neg = -log_r
+        return jnp.clip(jnp.exp(neg) - neg - 1.0, -K3_CLAMP, K3_CLAMP)
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
+
+
+def logp_and_entropy(logits_BxTxV, targets_BxT) -> tuple[jax.Array, jax.Array]:
+    """log p(target) and the entropy of the full next-token distribution, in float32."""
+    logits = logits_BxTxV.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]
+    probs = jnp.exp(logits - log_z[..., None])
+    entropy = log_z - jnp.sum(probs * logits, axis=-1)
+    return target_logit - log_z, entropy
+
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def policy_loss(
+    logp_BxT: jax.Array,
+    old_logp_BxT: jax.Array,
+    advantages_B: jax.Array,
+    response_mask_BxT: jax.Array,
+    config: LossConfig,
+    entropy_BxT: jax.Array | None = None,
+    ref_logp_BxT: jax.Array | None = None,
+    denoms: dict[str, jax.Array] | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """PPO-clip loss + KL - entropy bonus, and metrics, over one (micro-)batch.
+
+    `denoms` are the enclosing mini-batch's `denominators`; with them every returned value
+    (loss and metrics alike) is this micro-batch's additive share of the mini-batch value.
+    Metrics: pg_loss, entropy (token mean), kl, approx_kl (token mean of old - new logp, the
+    sampler-to-learner drift), clip_frac, dual_clip_frac, ratio_mean.
+    """
+    c = config
+    mask = response_mask_BxT.astype(jnp.float32)
+    if denoms is None:
+        denoms = denominators(mask, c.agg_mode)
+    weights = agg_weights(mask, c.agg_mode)
+
+    def agg(x):
+        return jnp.sum(weights * x) / denoms["loss"]
+
+    def token_mean(x):
+        return jnp.sum(mask * x) / denoms["tokens"]
+
+    adv_BxT = jnp.broadcast_to(advantages_B.astype(jnp.float32)[:, None], mask.shape)
+    terms = ppo_clip_terms(logp_BxT, old_logp_BxT, adv_BxT, c)
+    pg_loss = agg(terms["loss"])
+    loss = pg_loss
+    metrics = {
+        "pg_loss": pg_loss,
+        "approx_kl": token_mean(-terms["log_ratio"]),
+        "clip_frac": token_mean(terms["clipped"].astype(jnp.float32)),
+        "dual_clip_frac": token_mean(terms["dual_clipped"].astype(jnp.float32)),
+        "ratio_mean": token_mean(terms["ratio"]),
+    }
+    if entropy_BxT is not None:
+        metrics["entropy"] = token_mean(entropy_BxT)
+        if c.entropy_coef:
+            loss = loss - c.entropy_coef * agg(entropy_BxT)
+    if ref_logp_BxT is not None:
+        kl = kl_penalty(logp_BxT, ref_logp_BxT, c.kl_estimator)
+        metrics["kl"] = agg(kl)
+        if c.kl_coef:
+            loss = loss + c.kl_coef * metrics["kl"]
+    elif c.kl_coef:
+        raise ValueError(f"kl_coef={c.kl_coef} needs ref_logp in the batch (recompute it "
+                         "with the reference params) or kl_coef=0")
+    metrics["loss"] = loss
+    return loss, metrics

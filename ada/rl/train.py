@@ -1,0 +1,354 @@
+"""The policy update: old-logp recompute, PPO epochs over mini-batches, gradient accumulation.
+
+Batch format (a dict of arrays; one row per selected response, B = P prompts x n):
+
+  tokens         [B, T] int32   prompt left-padded, then the response right-padded
+  positions      [B, T] int32   RoPE positions (`positions_from_mask(mask)`)
+  mask           [B, T] bool    real (non-padding) tokens, prompt and response
+  response_mask  [B, T] float   1 where tokens[b, t] is a response token: the loss positions
+  advantages     [B]    float   one per response, broadcast over its tokens
+  old_logp       [B, T] float   filled by `TrainFns.recompute_old_logp` right after collection;
+                                may be absent when on-policy (1 epoch, 1 mini-batch)
+  ref_logp       [B, T] float   optional; needed when loss.kl_coef > 0
+
+Alignment convention: every [B, T] array is indexed by the position of the token it is
+about. logp[b, t] = log pi(tokens[b, t] | tokens[b, :t]), computed from the hidden state at
+t - 1; logp[:, 0] = 0 (nothing predicts the first token), so response_mask[:, 0] must be 0
+— it always is, since a response follows a non-empty prompt.
+
+Mini- and micro-batches are strided, not contiguous: with K mini-batches and M micro-batches,
+row i belongs to mini-batch i % K and micro-batch (i // K) % M. Under a batch sharded in
+contiguous blocks over data x fsdp every device then holds an equal share of every micro-
+batch, so no rows move between devices. B must be a multiple of K * M * (data * fsdp).
+
+On-policy (ppo_epochs == 1 and mini_batches == 1) the ratio is exp(logp - stop_grad(logp))
+= 1 exactly, as in verl: the loss is then the plain policy gradient and old_logp is unused.
+Otherwise the ratio is against the batch's old_logp, which must come from this same forward
+pass (`recompute_old_logp`), never from the sampler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ada import sharding as shd
+from ada.models.transformer import ModelConfig, forward, param_shapes, project_logits
+from ada.rl.losses import LossConfig, denominators, logp_and_entropy, policy_loss
+from ada.rl.optimizer import OptimConfig, all_finite, guarded_update, lr_schedule, make_optimizer
+
+REQUIRED_KEYS = ("tokens", "positions", "mask", "response_mask", "advantages")
+OPTIONAL_KEYS = ("old_logp", "ref_logp")
+BATCH_DTYPES = dict(tokens=jnp.int32, positions=jnp.int32, mask=jnp.bool_,
+                    response_mask=jnp.float32, advantages=jnp.float32, old_logp=jnp.float32,
+                    ref_logp=jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    loss: LossConfig = LossConfig()
+    optim: OptimConfig = OptimConfig()
+    ppo_epochs: int = 1
+    mini_batches: int = 1  # optimizer updates per epoch
+    micro_batches: int = 1  # gradient-accumulation splits of each mini-batch
+    remat: bool = False  # rematerialise each transformer block in the backward pass
+    logit_chunk: int = 512  # tokens per chunk of the [B, chunk, V] logits
+
+    def __post_init__(self):
+        for name in ("ppo_epochs", "mini_batches", "micro_batches", "logit_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1")
+
+    @property
+    def on_policy(self) -> bool:
+        return self.ppo_epochs == 1 and self.mini_batches == 1
+
+
+@struct.dataclass
+class TrainState:
+    params: Any
+    opt_state: Any
+    step: jax.Array  # train_step calls
+    updates: jax.Array  # optimizer updates applied
+    skipped: jax.Array  # optimizer updates skipped because the loss or a gradient was not finite
+
+
+def init_state(params, config: TrainConfig) -> TrainState:
+    zero = jnp.zeros((), jnp.int32)
+    return TrainState(params, make_optimizer(config.optim).init(params), zero, zero, zero)
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+def token_logp(params, model_cfg: ModelConfig, batch, *, chunk: int, remat: bool = False,
+               mesh=None) -> tuple[jax.Array, jax.Array]:
+    """Per-token log-probs and entropies [B, T] (see the alignment convention above).
+
+    The vocabulary projection runs over chunks of `chunk` positions under `jax.checkpoint`,
+    so neither the forward nor the backward pass holds more than [B, chunk, V] logits.
+    """
+    tokens = batch["tokens"]
+    hidden_BxTxD, _ = forward(params, model_cfg, tokens, batch["positions"], batch["mask"],
+                              remat=remat, return_hidden=True)
+    hidden_BxTxD = shd.constrain_batch(hidden_BxTxD, mesh)
+    B, T, D = hidden_BxTxD.shape
+    if T < 2:
+        raise ValueError(f"sequences of length T={T} have no token to predict; need T >= 2")
+    n = T - 1
+    C = min(chunk, n)
+    chunks = -(-n // C)
+    pad = chunks * C - n
+    h = jnp.pad(hidden_BxTxD[:, :-1], ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
+    h_NxBxCxD = h.reshape(B, chunks, C, D).swapaxes(0, 1)
+    t_NxBxC = targets.reshape(B, chunks, C).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(p, h_BxCxD, t_BxC):
+        return logp_and_entropy(project_logits(p, model_cfg, h_BxCxD), t_BxC)
+
+    logp, ent = jax.lax.map(lambda xs: one(params, *xs), (h_NxBxCxD, t_NxBxC))
+
+    def unchunk(x_NxBxC):
+        x = x_NxBxC.swapaxes(0, 1).reshape(B, chunks * C)[:, :n]
+        return jnp.pad(x, ((0, 0), (1, 0)))
+
+    return unchunk(logp), unchunk(ent)
+
+
+# ----------------------------------------------------------------------------- splitting
+
+
+def _split(x, K: int, M: int, mesh=None):
+    """[B, ...] -> [K, M, B / (K M), ...], row i in mini i % K, micro (i // K) % M."""
+    B = x.shape[0]
+    y = x.reshape(B // (K * M), M, K, *x.shape[1:])
+    y = jnp.moveaxis(y, (0, 1, 2), (2, 1, 0))
+    if mesh is not None:
+        y = jax.lax.with_sharding_constraint(
+            y, NamedSharding(mesh, P(None, None, shd.BATCH_AXES)))
+    return y
+
+
+def _merge(y):
+    """Inverse of `_split`."""
+    K, M, b = y.shape[:3]
+    return jnp.moveaxis(y, (0, 1, 2), (2, 1, 0)).reshape(K * M * b, *y.shape[3:])
+
+
+def check_batch(batch, config: TrainConfig, mesh=None, required=REQUIRED_KEYS) -> int:
+    """Validate keys, shapes and divisibility (runs at trace time); returns B."""
+    missing = [k for k in required if k not in batch]
+    unknown = [k for k in batch if k not in REQUIRED_KEYS + OPTIONAL_KEYS]
+    if missing or unknown:
+        raise ValueError(f"train batch: missing keys {missing}, unknown keys {unknown}; "
+                         f"expected {REQUIRED_KEYS} + optional {OPTIONAL_KEYS}")
+    B, T = batch["tokens"].shape
+    for k, x in batch.items():
+        want = (B,) if k == "advantages" else (B, T)
+        if tuple(x.shape) != want:
+            raise ValueError(f"train batch: {k} has shape {tuple(x.shape)}, expected {want} "
+                             f"(tokens is {(B, T)})")
+    groups = config.mini_batches * config.micro_batches
+    if B % groups:
+        raise ValueError(
+            f"train batch size {B} is not a multiple of mini_batches x micro_batches = "
+            f"{config.mini_batches} x {config.micro_batches}; change the batch or the split")
+    if mesh is not None:
+        shd.check_batch_size(B, mesh, groups, what="train batch")
+    return B
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+def loss_fn(params, micro, denoms, model_cfg: ModelConfig, config: TrainConfig, mesh=None):
+    logp, entropy = token_logp(params, model_cfg, micro, chunk=config.logit_chunk,
+                               remat=config.remat, mesh=mesh)
+    old = jax.lax.stop_gradient(logp) if config.on_policy else micro["old_logp"]
+    return policy_loss(logp, old, micro["advantages"], micro["response_mask"], config.loss,
+                       entropy_BxT=entropy, ref_logp_BxT=micro.get("ref_logp"), denoms=denoms)
+
+
+def minibatch_grads(params, mini, model_cfg: ModelConfig, config: TrainConfig, mesh=None,
+                    grad_shardings=None):
+    """Gradient (float32) and metrics of one mini-batch [M, b, ...], accumulated over its M
+    micro-batches. Each micro-batch divides by the whole mini-batch's denominators, so the
+    sum equals the unsplit mini-batch's loss and gradient."""
+    denoms = denominators(mini["response_mask"], config.loss.agg_mode)
+    vg = jax.value_and_grad(loss_fn, has_aux=True)
+    if mini["tokens"].shape[0] == 1:  # no accumulation: saves a float32 copy of the grads
+        (_, metrics), grads = vg(params, jax.tree.map(lambda x: x[0], mini), denoms,
+                                 model_cfg, config, mesh)
+        return jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
+    micro0 = jax.tree.map(lambda x: x[0], mini)
+    metric_shapes = jax.eval_shape(
+        lambda: loss_fn(params, micro0, denoms, model_cfg, config, mesh)[1])
+
+    def constrain(g):
+        if grad_shardings is None:
+            return g
+        return jax.lax.with_sharding_constraint(g, grad_shardings)
+
+    def micro_step(acc, micro):
+        (_, metrics), grads = vg(params, micro, denoms, model_cfg, config, mesh)
+        acc_g, acc_m = acc
+        acc_g = constrain(jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc_g, grads))
+        return (acc_g, jax.tree.map(jnp.add, acc_m, metrics)), None
+
+    zeros_g = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+    zeros_m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
+    (grads, metrics), _ = jax.lax.scan(micro_step, (zeros_g, zeros_m), mini)
+    return grads, metrics
+
+
+def train_step(state: TrainState, batch, model_cfg: ModelConfig, config: TrainConfig,
+               mesh=None, grad_shardings=None):
+    """ppo_epochs x mini_batches guarded AdamW updates on one collected batch.
+
+    Returns (state, metrics): loss metrics averaged over the updates, `skipped` (updates
+    skipped in this call), `skipped_total`, `grad_norm` (before clipping), `lr`.
+    """
+    if not config.on_policy and "old_logp" not in batch:
+        raise ValueError("train batch has no old_logp but the update is off-policy "
+                         f"(ppo_epochs={config.ppo_epochs}, mini_batches={config.mini_batches});"
+                         " call recompute_old_logp first")
+    check_batch(batch, config, mesh)
+    K, M = config.mini_batches, config.micro_batches
+    optimizer = make_optimizer(config.optim)
+    schedule = lr_schedule(config.optim)
+    minis = jax.tree.map(lambda x: _split(x, K, M, mesh), batch)  # [K, M, b, ...]
+
+    def update(state: TrainState, mini):
+        grads, metrics = minibatch_grads(state.params, mini, model_cfg, config, mesh,
+                                         grad_shardings)
+        ok = jnp.isfinite(metrics["loss"]) & all_finite(grads)
+        params, opt_state = guarded_update(optimizer, grads, state.opt_state, state.params, ok)
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state.updates),
+                       skipped=(~ok).astype(jnp.float32))
+        okint = ok.astype(jnp.int32)
+        state = state.replace(params=params, opt_state=opt_state,
+                              updates=state.updates + okint, skipped=state.skipped + 1 - okint)
+        return state, metrics
+
+    def epoch(state, _):
+        return jax.lax.scan(update, state, minis)
+
+    state, metrics = jax.lax.scan(epoch, state, None, length=config.ppo_epochs)  # [E, K]
+    out = {k: jnp.mean(v) for k, v in metrics.items()}
+    out["skipped"] = jnp.sum(metrics["skipped"])
+    out["skipped_total"] = state.skipped.astype(jnp.float32)
+    return state.replace(step=state.step + 1), out
+
+
+def compute_logp(params, batch, model_cfg: ModelConfig, config: TrainConfig, mesh=None):
+    """Per-token log-probs [B, T] by the training forward pass, in K x M sequential groups
+    (the training micro-batch size, so whatever trains also fits here)."""
+    G = config.mini_batches * config.micro_batches
+    keys = ("tokens", "positions", "mask")
+    inputs = {k: batch[k] for k in keys}
+    check_batch(inputs, config, mesh, required=keys)
+    groups = jax.tree.map(lambda x: _split(x, 1, G, mesh)[0], inputs)  # [G, b, ...]
+
+    def one(micro):
+        return token_logp(params, model_cfg, micro, chunk=config.logit_chunk, mesh=mesh)[0]
+
+    return _merge(jax.lax.map(one, groups)[None])
+
+
+# ----------------------------------------------------------------------------- jit + shardings
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainFns:
+    """The jitted update and log-prob functions for one (model, train config, mesh).
+
+    Without a mesh everything lives on the default device. With one, parameters and Adam
+    moments follow ada/sharding.py, the batch is split over data x fsdp, metrics are
+    replicated, and the state passed to `train_step` is donated (do not reuse it).
+    """
+
+    model: ModelConfig
+    config: TrainConfig
+    mesh: Any
+    state_sharding: Any
+    train_step: Any  # (state, batch) -> (state, metrics)
+    logp: Any  # (params, batch) -> logp [B, T]; with frozen reference params: ref_logp
+    _init: Any
+
+    def init_state(self, params) -> TrainState:
+        if self.mesh is not None:
+            params = jax.device_put(params, self.state_sharding.params)
+        return self._init(params)
+
+    def shard_batch(self, batch):
+        """Canonical dtypes (so a float64 or weakly typed input never recompiles), placed
+        on the mesh."""
+        batch = {k: jnp.asarray(v, BATCH_DTYPES.get(k)) for k, v in batch.items()}
+        return batch if self.mesh is None else shd.shard_batch(batch, self.mesh)
+
+    def recompute_old_logp(self, state: TrainState, batch):
+        """The batch with old_logp from the current parameters (call right after collection)."""
+        return dict(batch, old_logp=self.logp(state.params, batch))
+
+
+def abstract_state(model_cfg: ModelConfig, config: TrainConfig) -> TrainState:
+    """ShapeDtypeStructs of the train state (no memory is allocated)."""
+    dtype = jnp.dtype(model_cfg.param_dtype)
+    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(model_cfg),
+                          is_leaf=lambda x: isinstance(x, tuple))
+    return jax.eval_shape(lambda p: init_state(p, config), params)
+
+
+def make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh=None) -> TrainFns:
+    """Build (once per model, config and mesh) the jitted train step and log-prob pass."""
+    return _make_train_fns(model_cfg, config, mesh)
+
+
+@functools.lru_cache(maxsize=32)
+def _make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh) -> TrainFns:
+    step = functools.partial(train_step, model_cfg=model_cfg, config=config, mesh=mesh)
+    logp = functools.partial(compute_logp, model_cfg=model_cfg, config=config, mesh=mesh)
+    init = functools.partial(init_state, config=config)
+    if mesh is None:
+        return TrainFns(model_cfg, config, None, None, jax.jit(step, donate_argnums=0),
+                        jax.jit(logp), jax.jit(init))
+
+    abstract = abstract_state(model_cfg, config)
+    p_sh = shd.param_shardings(abstract.params, mesh)
+    replicated = NamedSharding(mesh, P())
+    state_sh = TrainState(
+        params=p_sh,
+        opt_state=shd.state_shardings(abstract.opt_state, p_sh, abstract.params, mesh),
+        step=replicated, updates=replicated, skipped=replicated,
+    )
+    batch_sh = NamedSharding(mesh, P(shd.BATCH_AXES))
+    step = functools.partial(step, grad_shardings=p_sh)
+    return TrainFns(
+        model_cfg, config, mesh, state_sh,
+        jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
+                donate_argnums=0),
+        jax.jit(logp, in_shardings=(p_sh, batch_sh), out_shardings=batch_sh),
+        jax.jit(init, in_shardings=(p_sh,), out_shardings=state_sh),
+    )
+
+
+def train_flops_per_token(model_cfg: ModelConfig, seq_len: int) -> float:
+    """Model FLOPs of one training token (forward + backward = 3x forward), excluding remat
+    recomputation: 6 per weight used in a matmul, plus attention scores and mixing (full
+    T x T, as the model computes it)."""
+    c = model_cfg
+    qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    per_layer = c.hidden_size * (2 * qd + 2 * kvd) + 3 * c.hidden_size * c.intermediate_size
+    matmul_weights = c.num_layers * per_layer + c.hidden_size * c.vocab_size
+    attention = c.num_layers * 2 * 2 * seq_len * qd  # QK^T and PV, forward
+    return 6.0 * matmul_weights + 3.0 * attention
