@@ -1,0 +1,12 @@
+"""Sampling engine: jitted prefill / insert / generate over decode slots, samplers, and a
+host-side continuous-batching driver. The JetStream adapter (optional extra) lives in
+ada.sampling.jetstream_adapter and is imported only on demand."""
+
+from ada.sampling.driver import Completion, Driver, Request
+from ada.sampling.engine import Chunk, DecodeState, Engine, Prefix, request_key
+from ada.sampling.samplers import SamplingConfig, sample, sampling_logprobs
+
+__all__ = [
+    "Chunk", "Completion", "DecodeState", "Driver", "Engine", "Prefix", "Request",
+    "SamplingConfig", "request_key", "sample", "sampling_logprobs",
+]

@@ -1,0 +1,328 @@
+"""Host-side continuous-batching scheduler over the decode engine.
+
+The driver owns the decode state and a FIFO request queue. `step()` does one round of:
+
+  1. refill free slots from the queue (lowest slot first). Requests of the same prompt
+     share one prefill: the prefix is looked up in a small LRU keyed by (prompt_id,
+     tokens), otherwise the new prompts are prefilled together, one call per
+     prompt-length bucket (at most max_prefill_rows each), and inserted into their slots;
+  2. one jitted chunk of K decode steps over the first b slots (b = the smallest slot
+     bucket holding every busy slot);
+  3. on the host: append each slot's valid tokens, look for stop strings in the new text,
+     finish slots that hit EOS / max new tokens / a stop string, and free them;
+  4. when the queue is empty, compact the busy slots downwards so the next chunk runs on a
+     smaller slot bucket (the tail of a round does not pay for empty slots).
+
+Bad requests (empty prompt, too long, ids outside the vocabulary, max_new_tokens <= 0 or
+above the engine's cap) do not raise: they come back from the next `step()` as a
+Completion with finish_reason "error" and a message; everything else keeps running.
+
+finish_reason: "eos" (an EOS id was sampled; it is the last of token_ids, not in text),
+"stop" (a stop string appeared; token_ids end with the token that completed it),
+"length" (max_new_tokens reached), "error".
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import itertools
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from ada.sampling.engine import Engine, Prefix, bucket_for
+
+
+class Detokenizer(Protocol):
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    prompt_tokens: list[int]
+    prompt_id: int
+    sample_idx: int = 0
+    max_new_tokens: int | None = None  # None: the engine's cap
+
+
+@dataclasses.dataclass
+class Completion:
+    prompt_id: int
+    sample_idx: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]  # of the sampled-from distribution (see samplers.py)
+    finish_reason: str  # "eos" | "stop" | "length" | "error"
+    prompt_tokens: list[int]
+    error: str | None = None
+    seq: int = -1  # submission number, from Driver.submit
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclasses.dataclass
+class _Slot:
+    request: Request
+    seq: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    text: str = ""
+
+
+class Driver:
+    """Continuous batching over `engine` with `params`.
+
+    Args:
+      engine: the Engine (sets slots, buckets, sampling, EOS ids).
+      params: model params (placed as the engine wants: `engine.shard_params`).
+      tokenizer: anything with `decode(ids) -> str`; None gives empty texts and disables
+        stop strings.
+      step_key: the PRNG key of this sampling step (or an int seed).
+      stop_strings: strings that end a response (checked on the host once per chunk).
+      include_stop_str_in_output: keep the stop string at the end of `text`.
+      prefix_cache_size: prompts whose prefill is kept for reuse.
+    """
+
+    def __init__(self, engine: Engine, params, *, tokenizer: Detokenizer | None = None,
+                 step_key: Any = 0, stop_strings=(), include_stop_str_in_output: bool = False,
+                 prefix_cache_size: int = 64):
+        self.engine = engine
+        self.params = params
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(s for s in stop_strings if s)
+        if self.stop_strings and tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer to decode the text; pass tokenizer=")
+        self.include_stop_str_in_output = include_stop_str_in_output
+        self.prefix_cache_size = int(prefix_cache_size)
+        self.set_step_key(step_key)
+        self.state = engine.init_decode_state()
+        self._queue: collections.deque[tuple[int, Request]] = collections.deque()
+        self._errors: list[Completion] = []
+        self._slots: dict[int, _Slot] = {}
+        self._free = list(range(engine.num_slots))
+        heapq.heapify(self._free)
+        self._prefixes: collections.OrderedDict = collections.OrderedDict()
+        self._seq = itertools.count()
+        self.useful_token_steps = 0
+        self.computed_token_steps = 0
+        self.chunks = 0
+        self.prefills = 0
+        self.prefilled_prompts = 0
+
+    # -- configuration between RL steps ------------------------------------------
+
+    def set_step_key(self, step_key) -> None:
+        if isinstance(step_key, int | np.integer):
+            step_key = jax.random.PRNGKey(int(step_key))
+        self.step_key = step_key
+
+    def set_params(self, params) -> None:
+        """New weights (e.g. after a train step); drops the prefix cache."""
+        self.params = params
+        self._prefixes.clear()
+
+    # -- the API the adaptive scheduler calls -------------------------------------
+
+    def submit(self, request: Request) -> int:
+        """Queue a request; a bad one comes back from the next step() as an error.
+        Returns the submission number (Completion.seq)."""
+        seq = next(self._seq)
+        why = self.engine.check_prompt(request.prompt_tokens)
+        if why is None:
+            mnt = self.engine.max_new_tokens if request.max_new_tokens is None \
+                else request.max_new_tokens
+            why = self.engine.check_max_new(mnt)
+        if why is None:
+            for name in ("prompt_id", "sample_idx"):
+                value = getattr(request, name)
+                if not isinstance(value, int | np.integer) or not 0 <= value < 2**32:
+                    why = f"{name}={value!r} must be an integer in [0, 2**32)"
+        if why is not None:
+            self._errors.append(Completion(
+                prompt_id=request.prompt_id, sample_idx=request.sample_idx, token_ids=[],
+                text="", logprobs=[], finish_reason="error",
+                prompt_tokens=list(request.prompt_tokens), error=f"bad request: {why}",
+                seq=seq))
+            return seq
+        self._queue.append((seq, request))
+        return seq
+
+    def free_slots(self) -> int:
+        """Slots that queued requests will not already take at the next step()."""
+        return max(0, len(self._free) - len(self._queue))
+
+    def busy(self) -> int:
+        return len(self._slots)
+
+    def pending(self) -> int:
+        return len(self._queue) + len(self._errors)
+
+    def step(self) -> list[Completion]:
+        """Refill, run one jitted chunk, return the responses that finished."""
+        done, self._errors = self._errors, []
+        self._fill()
+        if self._slots:
+            done.extend(self._run_chunk())
+        if not self._queue:
+            self._compact()
+        return done
+
+    def generate_all(self, requests: list[Request]) -> list[Completion]:
+        """Run requests to completion; completions come back in the requests' order."""
+        seqs = [self.submit(r) for r in requests]
+        where = {seq: i for i, seq in enumerate(seqs)}
+        results: list[Completion | None] = [None] * len(requests)
+        while self._queue or self._slots or self._errors:
+            for c in self.step():
+                if c.seq in where:
+                    results[where[c.seq]] = c
+        return results  # type: ignore[return-value]
+
+    def stats(self) -> dict:
+        return {
+            "slot_occupancy": self.useful_token_steps / max(self.computed_token_steps, 1),
+            "useful_token_steps": self.useful_token_steps,
+            "computed_token_steps": self.computed_token_steps,
+            "chunks": self.chunks,
+            "prefill_calls": self.prefills,
+            "prefilled_prompts": self.prefilled_prompts,
+            "compiles": self.engine.compiles(),
+        }
+
+    # -- internals ---------------------------------------------------------------
+
+    def _prefix_for(self, request: Request):
+        key = (request.prompt_id, tuple(request.prompt_tokens))
+        hit = self._prefixes.get(key)
+        if hit is not None:
+            self._prefixes.move_to_end(key)
+        return hit
+
+    def _remember(self, key, prefix: Prefix, row: int) -> None:
+        self._prefixes[key] = (prefix, row)
+        self._prefixes.move_to_end(key)
+        while len(self._prefixes) > self.prefix_cache_size:
+            self._prefixes.popitem(last=False)
+
+    def _fill(self) -> None:
+        take = []
+        while self._queue and len(take) < len(self._free):
+            take.append(self._queue.popleft())
+        if not take:
+            return
+        # One prefill per distinct new prompt, batched by prompt-length bucket.
+        found: dict[tuple, tuple[Prefix, int]] = {}
+        missing: dict[tuple, None] = {}
+        for _, r in take:
+            key = (r.prompt_id, tuple(r.prompt_tokens))
+            hit = self._prefix_for(r)
+            if hit is None:
+                missing[key] = None
+            else:
+                found[key] = hit
+        by_bucket: dict[int, list[tuple]] = collections.defaultdict(list)
+        for key in missing:
+            by_bucket[bucket_for(len(key[1]), self.engine.prompt_buckets)].append(key)
+        rows = self.engine.row_buckets[-1]
+        for keys in by_bucket.values():
+            for i in range(0, len(keys), rows):
+                part = keys[i:i + rows]
+                prefix = self.engine.prefill(self.params, [list(k[1]) for k in part])
+                self.prefills += 1
+                self.prefilled_prompts += len(part)
+                for row, key in enumerate(part):
+                    self._remember(key, prefix, row)
+                    found[key] = (prefix, row)
+        for seq, r in take:
+            prefix, row = found[(r.prompt_id, tuple(r.prompt_tokens))]
+            slot = heapq.heappop(self._free)
+            key = self.engine.request_key(self.step_key, r.prompt_id, r.sample_idx)
+            mnt = self.engine.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
+            self.state = self.engine.insert(prefix, self.state, slot, row=row, key=key,
+                                            max_new_tokens=mnt)
+            self._slots[slot] = _Slot(request=r, seq=seq)
+
+    def _run_chunk(self) -> list[Completion]:
+        b = bucket_for(max(self._slots) + 1, self.engine.slot_buckets)
+        self.state, chunk = self.engine.generate(self.params, self.state, num_slots=b)
+        tokens, logprobs, valid, active = jax.device_get(
+            (chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
+        self.chunks += 1
+        self.computed_token_steps += b * tokens.shape[1]
+        done = []
+        for slot in sorted(self._slots):
+            s = self._slots[slot]
+            keep = valid[slot]
+            s.tokens.extend(tokens[slot][keep].tolist())
+            s.logprobs.extend(logprobs[slot][keep].tolist())
+            finished = self._check_stop(s, int(keep.sum())) or self._device_finish(s, active[slot])
+            if finished is not None:
+                done.append(self._finish(slot, *finished))
+        return done
+
+    def _device_finish(self, s: _Slot, still_active: bool):
+        if still_active:
+            return None
+        if s.tokens and s.tokens[-1] in self.engine.eos_ids:
+            return ("eos", len(s.tokens), None)
+        return ("length", len(s.tokens), None)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+    def _check_stop(self, s: _Slot, n_new: int):
+        """Find a stop string in the text of this chunk's new tokens (host side)."""
+        if not self.stop_strings or n_new == 0:
+            return None
+        ids = s.tokens
+        body = ids[:-1] if ids and ids[-1] in self.engine.eos_ids else ids
+        text = self._decode(body)
+        lookback = max(len(x) for x in self.stop_strings)
+        from_ = max(0, len(s.text) - lookback)
+        s.text = text
+        hits = [(text.find(x, from_), x) for x in self.stop_strings]
+        hits = [(i, x) for i, x in hits if i >= 0]
+        if not hits:
+            return None
+        at, stop = min(hits)
+        end_char = at + len(stop)
+        # The shortest token prefix whose text contains this stop string.
+        first = len(ids) - n_new
+        n_keep = len(body)
+        for j in range(max(first, 1), len(body) + 1):
+            if stop in self._decode(ids[:j])[from_:]:
+                n_keep = j
+                break
+        cut = end_char if self.include_stop_str_in_output else at
+        return ("stop", n_keep, text[:cut])
+
+    def _finish(self, slot: int, reason: str, n_keep: int, text: str | None) -> Completion:
+        s = self._slots.pop(slot)
+        heapq.heappush(self._free, slot)
+        ids = s.tokens[:n_keep]
+        if text is None:
+            text = self._decode(ids[:-1] if reason == "eos" else ids)
+        self.useful_token_steps += len(ids)
+        c = Completion(prompt_id=s.request.prompt_id, sample_idx=s.request.sample_idx,
+                       token_ids=ids, text=text, logprobs=s.logprobs[:n_keep],
+                       finish_reason=reason, prompt_tokens=list(s.request.prompt_tokens),
+                       seq=s.seq)
+        return c
+
+    def _compact(self) -> None:
+        """Move the highest busy slots into the lowest free ones when that lets the next
+        chunk run on a smaller slot bucket."""
+        if not self._slots:
+            return
+        need = bucket_for(len(self._slots), self.engine.slot_buckets)
+        while max(self._slots) >= need and self._free and self._free[0] < need:
+            src = max(self._slots)
+            dst = heapq.heappop(self._free)
+            self.state = self.engine.move(self.state, src, dst)
+            self._slots[dst] = self._slots.pop(src)
+            heapq.heappush(self._free, src)

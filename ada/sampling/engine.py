@@ -1,0 +1,455 @@
+"""The decode engine: jitted prefill / insert / generate over a fixed pool of slots.
+
+This is the JetStream contract (`prefill(params, prompt) -> prefix`,
+`insert(prefix, state, slot) -> state`, `generate(params, state) -> (state, tokens)`) over
+the model's KV cache:
+
+  prefill   N prompts, left-padded to a power-of-two bucket P, run once into an
+            [N, P] cache; the prefix keeps each row's next-token logits.
+  insert    copies one prefix row (k/v/valid/end, logits) into one decode slot and sets that
+            slot's request (key, max new tokens). A prompt sampled M times is prefilled once
+            and inserted into M slots. The slot is a traced index: refilling a finished slot
+            never recompiles (continuous batching).
+  generate  a chunk of K decode steps for the first `b` slots under `lax.scan` (sample from
+            the slot's logits, then run the model on the sampled token). No host round trip
+            inside the chunk; the host looks at the [b, K] tokens once per chunk.
+
+Each slot stops on the device at an EOS id or at its max new tokens (its later tokens come
+back with valid=False); stop strings are the host's job (see driver.py).
+
+Randomness: token i of request (prompt_id, sample_idx) is drawn with
+fold_in(fold_in(fold_in(step_key, prompt_id), sample_idx), i), so a response does not
+depend on its slot, its round, or its neighbours (up to float rounding across shapes).
+
+Shapes are bucketed: prompt length (powers of two from `min_prompt_bucket` to
+`max_prompt_len`), prefill rows (powers of two up to `num_slots`) and active slot count
+(powers of two up to `num_slots`). `Engine.compiles()` reports the compilations made (from
+jit's own caches, not an estimate).
+
+Decode cache layout: [L, B, S, K, Hd] with S = largest prompt bucket + max_new_tokens;
+a prompt of bucket P occupies entries [0, P) (left padded), generated tokens follow.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh, NamedSharding
+
+from ada.models.transformer import (
+    KVCache,
+    ModelConfig,
+    forward,
+    init_cache,
+    positions_from_mask,
+    project_logits,
+)
+from ada.sampling.samplers import SamplingConfig, sample
+
+
+@struct.dataclass
+class Prefix:
+    """N prefilled prompts: a [N, P] cache and each row's next-token logits."""
+
+    cache: KVCache  # k/v [L, N, P, K, Hd]
+    logits: jax.Array  # [N, V] float32
+    lengths: jax.Array  # [N] int32: real prompt tokens (the first generated position)
+
+
+@struct.dataclass
+class DecodeState:
+    """Everything one decode step reads and writes, for B slots."""
+
+    cache: KVCache  # k/v [L, B, S, K, Hd]
+    logits: jax.Array  # [B, V] float32: logits of the slot's next token
+    positions: jax.Array  # [B] int32: RoPE position of the next token
+    generated: jax.Array  # [B] int32: tokens generated so far
+    max_new: jax.Array  # [B] int32
+    active: jax.Array  # [B] bool: still generating
+    keys: jax.Array  # [B, 2] uint32: fold_in(fold_in(step_key, prompt_id), sample_idx)
+
+
+@struct.dataclass
+class Chunk:
+    """The result of K decode steps for b slots."""
+
+    tokens: jax.Array  # [b, K] int32
+    logprobs: jax.Array  # [b, K] float32 (of the sampled-from distribution, see samplers)
+    valid: jax.Array  # [b, K] bool: token belongs to the response
+    active: jax.Array  # [b] bool: slot still generating after the chunk
+
+
+def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
+    """Powers of two from lo up to the first one >= hi."""
+    out, b = [], max(1, lo)
+    while True:
+        out.append(b)
+        if b >= hi:
+            return tuple(out)
+        b *= 2
+
+
+def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+def request_key(step_key: jax.Array, prompt_id, sample_idx) -> jax.Array:
+    """The per-request base key; token i then uses fold_in(request_key, i)."""
+    return jax.random.fold_in(jax.random.fold_in(step_key, prompt_id), sample_idx)
+
+
+# ----------------------------------------------------------------------------- pure functions
+
+
+def prefill_fn(params, tokens_NxP, mask_NxP, *, config: ModelConfig) -> Prefix:
+    """Run N left-padded prompts into an [N, P] cache; keep the last position's logits."""
+    N, Pl = tokens_NxP.shape
+    positions = positions_from_mask(mask_NxP)
+    cache = init_cache(config, N, Pl)
+    hidden, cache = forward(
+        params, config, tokens_NxP, positions, mask_NxP, cache, return_hidden=True
+    )
+    logits = project_logits(params, config, hidden[:, -1:])[:, 0]
+    return Prefix(cache=cache, logits=logits, lengths=mask_NxP.sum(-1).astype(jnp.int32))
+
+
+def insert_fn(prefix: Prefix, state: DecodeState, slot, row, key, max_new) -> DecodeState:
+    """Copy prefix row `row` into decode slot `slot` (traced ints: one compile per bucket)."""
+    pc, sc = prefix.cache, state.cache
+    Pl, S = pc.max_len, sc.max_len
+    k_row = jax.lax.dynamic_index_in_dim(pc.k, row, axis=1, keepdims=True)  # [L,1,P,K,Hd]
+    v_row = jax.lax.dynamic_index_in_dim(pc.v, row, axis=1, keepdims=True)
+    k = jax.lax.dynamic_update_slice(sc.k, k_row.astype(sc.k.dtype), (0, slot, 0, 0, 0))
+    v = jax.lax.dynamic_update_slice(sc.v, v_row.astype(sc.v.dtype), (0, slot, 0, 0, 0))
+    valid_row = jnp.zeros((S,), bool).at[:Pl].set(pc.valid[row])
+    cache = KVCache(
+        k=k, v=v, valid=sc.valid.at[slot].set(valid_row), end=sc.end.at[slot].set(Pl)
+    )
+    return DecodeState(
+        cache=cache,
+        logits=state.logits.at[slot].set(prefix.logits[row]),
+        positions=state.positions.at[slot].set(prefix.lengths[row]),
+        generated=state.generated.at[slot].set(0),
+        max_new=state.max_new.at[slot].set(max_new),
+        active=state.active.at[slot].set(True),
+        keys=state.keys.at[slot].set(key),
+    )
+
+
+def move_fn(state: DecodeState, src, dst) -> DecodeState:
+    """Copy slot `src` to slot `dst` and deactivate `src` (tail compaction)."""
+    def row_copy(x, axis):
+        r = jax.lax.dynamic_index_in_dim(x, src, axis=axis, keepdims=True)
+        start = [0] * x.ndim
+        start[axis] = dst
+        return jax.lax.dynamic_update_slice(x, r, start)
+
+    c = state.cache
+    cache = KVCache(k=row_copy(c.k, 1), v=row_copy(c.v, 1), valid=row_copy(c.valid, 0),
+                    end=row_copy(c.end, 0))
+    moved = state.replace(
+        cache=cache,
+        **{f: row_copy(getattr(state, f), 0)
+           for f in ("logits", "positions", "generated", "max_new", "active", "keys")},
+    )
+    return moved.replace(active=moved.active.at[src].set(False))
+
+
+def _take_rows(state: DecodeState, b: int) -> DecodeState:
+    c = state.cache
+    cache = KVCache(k=c.k[:, :b], v=c.v[:, :b], valid=c.valid[:b], end=c.end[:b])
+    return state.replace(
+        cache=cache, **{f: getattr(state, f)[:b]
+                        for f in ("logits", "positions", "generated", "max_new", "active", "keys")})
+
+
+def _put_rows(state: DecodeState, part: DecodeState) -> DecodeState:
+    def put(full, x, axis):
+        start = [0] * full.ndim
+        return jax.lax.dynamic_update_slice(full, x, start) if x.shape != full.shape else x
+
+    c, pc = state.cache, part.cache
+    cache = KVCache(k=put(c.k, pc.k, 1), v=put(c.v, pc.v, 1), valid=put(c.valid, pc.valid, 0),
+                    end=put(c.end, pc.end, 0))
+    return state.replace(
+        cache=cache, **{f: put(getattr(state, f), getattr(part, f), 0)
+                        for f in ("logits", "positions", "generated", "max_new", "active", "keys")})
+
+
+def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
+                eos_ids: tuple[int, ...]):
+    """Sample one token per slot from its logits, then run the model on it."""
+    keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
+    tokens_B, logprobs_B = sample(state.logits, keys, sampling)
+    valid_B = state.active
+    generated = state.generated + valid_B.astype(jnp.int32)
+    is_eos = (jnp.isin(tokens_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids
+              else jnp.zeros_like(valid_B))
+    active = valid_B & ~is_eos & (generated < state.max_new)
+    logits, cache = forward(
+        params, config, tokens_B[:, None], state.positions[:, None], valid_B[:, None],
+        state.cache,
+    )
+    # Inactive slots do not advance, so an idle slot never runs off the end of its cache.
+    cache = cache.replace(end=jnp.where(valid_B, cache.end, state.cache.end))
+    new_state = state.replace(
+        cache=cache,
+        logits=logits[:, 0],
+        positions=state.positions + valid_B.astype(jnp.int32),
+        generated=generated,
+        active=active,
+    )
+    return new_state, (tokens_B, logprobs_B, valid_B)
+
+
+def generate_fn(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
+                eos_ids: tuple[int, ...], num_steps: int, num_slots: int,
+                constrain=None) -> tuple[DecodeState, Chunk]:
+    """K = num_steps decode steps for the first num_slots slots under lax.scan."""
+    part = _take_rows(state, num_slots) if num_slots < state.active.shape[0] else state
+
+    def body(s, _):
+        return decode_step(params, s, config=config, sampling=sampling, eos_ids=eos_ids)
+
+    part, (tok_KxB, lp_KxB, valid_KxB) = jax.lax.scan(body, part, None, length=num_steps)
+    new_state = _put_rows(state, part)
+    if constrain is not None:
+        new_state = constrain(new_state)
+    chunk = Chunk(tokens=tok_KxB.T, logprobs=lp_KxB.T, valid=valid_KxB.T, active=part.active)
+    return new_state, chunk
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+class Engine:
+    """Bucketed, jitted prefill / insert / generate for one model config.
+
+    Args:
+      config: the model config.
+      num_slots: B, the decode pool size.
+      max_prompt_len: longest prompt accepted (rounded up to a power-of-two bucket).
+      max_new_tokens: the cap on any request's new tokens (sets the cache length).
+      sampling: the SamplingConfig (static: one compile per setting).
+      eos_ids: token ids that end a response (on the device).
+      chunk_size: K, decode steps per `generate` call.
+      max_prefill_rows: the most prompts one prefill call takes (row buckets are the
+        powers of two up to it).
+      mesh: optional (data, fsdp, tensor) mesh from `ada.sharding.make_mesh`; params and
+        the decode state are laid out by ada.sharding's tables (slots like a batch).
+      slot_bucketing: compile `generate` for power-of-two slot counts too, so the tail of
+        a round runs on fewer slots.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        num_slots: int,
+        max_prompt_len: int,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        eos_ids=(),
+        chunk_size: int = 8,
+        min_prompt_bucket: int = 16,
+        mesh: Mesh | None = None,
+        slot_bucketing: bool = True,
+        max_prefill_rows: int = 8,
+    ):
+        problems = []
+        for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
+                            ("max_new_tokens", max_new_tokens), ("chunk_size", chunk_size)):
+            if int(value) <= 0:
+                problems.append(f"{name}={value} must be positive")
+        eos_ids = tuple(int(e) for e in eos_ids)
+        bad_eos = [e for e in eos_ids if not 0 <= e < config.vocab_size]
+        if bad_eos:
+            problems.append(f"eos_ids {bad_eos} are outside the vocabulary [0, {config.vocab_size})")
+        if problems:
+            raise ValueError("invalid Engine settings: " + "; ".join(problems))
+        self.config = config
+        self.num_slots = int(num_slots)
+        self.max_new_tokens = int(max_new_tokens)
+        self.sampling = sampling = sampling or SamplingConfig()
+        self.eos_ids = eos_ids
+        self.chunk_size = int(chunk_size)
+        self.mesh = mesh
+        self.prompt_buckets = pow2_buckets(min(min_prompt_bucket, max_prompt_len), max_prompt_len)
+        self.max_prompt_len = self.prompt_buckets[-1]
+        self.cache_len = self.max_prompt_len + self.max_new_tokens
+        # Slot buckets: powers of two up to B, each a multiple of the batch shards.
+        shards = 1
+        if mesh is not None:
+            from ada import sharding
+
+            sharding.check_batch_size(self.num_slots, mesh, what="num_slots")
+            shards = sharding.batch_shards(mesh)
+        slot_buckets = [b for b in pow2_buckets(1, self.num_slots)
+                        if b % shards == 0 and b < self.num_slots] if slot_bucketing else []
+        self.slot_buckets = tuple(slot_buckets) + (self.num_slots,)
+        self.row_buckets = pow2_buckets(1, max(1, min(int(max_prefill_rows), self.num_slots)))
+
+        self._prefill = jax.jit(functools.partial(prefill_fn, config=config))
+        # A partial per engine: jit caches (and so compiles()) are per engine, not shared.
+        self._insert = jax.jit(functools.partial(insert_fn), donate_argnums=(1,))
+        self._move = jax.jit(functools.partial(move_fn), donate_argnums=(0,))
+        self._generate = jax.jit(
+            functools.partial(generate_fn, config=config, sampling=sampling, eos_ids=eos_ids,
+                              constrain=self._constrain if mesh is not None else None),
+            static_argnames=("num_steps", "num_slots"), donate_argnums=(1,))
+        self._request_key = jax.jit(request_key)
+
+    # -- sharding ------------------------------------------------------------
+
+    def state_shardings(self) -> DecodeState:
+        """NamedShardings of the decode state from ada.sharding's tables: slots split like
+        a batch (data x fsdp), KV heads and vocabulary over tensor where they divide."""
+        from ada import sharding
+
+        assert self.mesh is not None
+        c, B, S = self.config, self.num_slots, self.cache_len
+        kv = (c.num_layers, B, S, c.num_kv_heads, c.head_dim)
+        ns = lambda logical, shape: NamedSharding(self.mesh, sharding.spec_for(logical, shape, self.mesh))
+        kv_spec = ns(("layers", "batch", "seq", "kv_heads", "head_dim"), kv)
+        vec = ns(("batch",), (B,))
+        return DecodeState(
+            cache=KVCache(k=kv_spec, v=kv_spec, valid=ns(("batch", "seq"), (B, S)), end=vec),
+            logits=ns(("batch", "vocab"), (B, c.vocab_size)), positions=vec, generated=vec,
+            max_new=vec, active=vec, keys=ns(("batch", None), (B, 2)),
+        )
+
+    def _constrain(self, state: DecodeState) -> DecodeState:
+        return jax.lax.with_sharding_constraint(state, self.state_shardings())
+
+    def shard_params(self, params, shardings: Any = None):
+        """Place params on the mesh with `shardings` (default: ada.sharding's rules)."""
+        if self.mesh is None:
+            return params
+        if shardings is None:
+            from ada import sharding
+
+            shardings = sharding.param_shardings(params, self.mesh)
+        return jax.device_put(params, shardings)
+
+    # -- the contract --------------------------------------------------------
+
+    def init_decode_state(self) -> DecodeState:
+        B, V = self.num_slots, self.config.vocab_size
+        state = DecodeState(
+            cache=init_cache(self.config, B, self.cache_len),
+            logits=jnp.zeros((B, V), jnp.float32),
+            positions=jnp.zeros((B,), jnp.int32),
+            generated=jnp.zeros((B,), jnp.int32),
+            max_new=jnp.zeros((B,), jnp.int32),
+            active=jnp.zeros((B,), bool),
+            keys=jnp.zeros((B, 2), jnp.uint32),
+        )
+        # Committed like generate's outputs, so insert sees one input signature (one compile).
+        shardings = (self.state_shardings() if self.mesh is not None
+                     else jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+        return jax.device_put(state, shardings)
+
+    def check_prompt(self, tokens) -> str | None:
+        """Why a prompt cannot be served (None when it can)."""
+        n = len(tokens)
+        if n == 0:
+            return "empty prompt: give at least one token"
+        if n > self.max_prompt_len:
+            return (f"prompt has {n} tokens, more than the largest prompt bucket "
+                    f"{self.max_prompt_len}; truncate it or raise max_prompt_len")
+        arr = np.asarray(tokens)
+        if arr.dtype.kind not in "iu":
+            return f"prompt token ids must be integers, got dtype {arr.dtype}"
+        bad = arr[(arr < 0) | (arr >= self.config.vocab_size)]
+        if bad.size:
+            return (f"prompt token ids {bad[:5].tolist()} are outside the vocabulary "
+                    f"[0, {self.config.vocab_size}); check the tokenizer matches the model")
+        return None
+
+    def check_max_new(self, max_new_tokens) -> str | None:
+        if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens <= 0:
+            return f"max_new_tokens={max_new_tokens!r} must be a positive integer"
+        if max_new_tokens > self.max_new_tokens:
+            return (f"max_new_tokens={max_new_tokens} exceeds the engine's cap "
+                    f"{self.max_new_tokens}; raise Engine(max_new_tokens=...)")
+        return None
+
+    def pad_prompts(self, prompts: list) -> tuple[np.ndarray, np.ndarray]:
+        """Left-pad prompts into [N bucket, P bucket] tokens and mask (host side)."""
+        for i, p in enumerate(prompts):
+            why = self.check_prompt(p)
+            if why:
+                raise ValueError(f"prompt {i}: {why}")
+        Pl = bucket_for(max(len(p) for p in prompts), self.prompt_buckets)
+        if len(prompts) > self.row_buckets[-1]:
+            raise ValueError(f"{len(prompts)} prompts in one prefill call; at most "
+                             f"{self.row_buckets[-1]} (max_prefill_rows)")
+        N = bucket_for(len(prompts), self.row_buckets)
+        tokens = np.zeros((N, Pl), np.int32)
+        mask = np.zeros((N, Pl), bool)
+        mask[len(prompts):, -1] = True  # filler rows: one dummy token, never inserted
+        for i, p in enumerate(prompts):
+            tokens[i, Pl - len(p):] = p
+            mask[i, Pl - len(p):] = True
+        return tokens, mask
+
+    def prefill(self, params, prompts: list) -> Prefix:
+        """Prefill a list of prompts (token-id lists) once; row i is prompts[i]."""
+        tokens, mask = self.pad_prompts(prompts)
+        return self._prefill(params, jnp.asarray(tokens), jnp.asarray(mask))
+
+    def prefill_padded(self, params, tokens_NxP, mask_NxP) -> Prefix:
+        return self._prefill(params, tokens_NxP, mask_NxP)
+
+    def insert(self, prefix: Prefix, state: DecodeState, slot: int, *, row: int = 0,
+               key: jax.Array | None = None, max_new_tokens: int | None = None) -> DecodeState:
+        """Insert prefix row `row` into `slot`. `key` is the request's base key
+        (`request_key(step_key, prompt_id, sample_idx)`); `state` is donated."""
+        if key is None:
+            key = self.request_key(jax.random.PRNGKey(0), 0, 0)
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        return self._insert(prefix, state, jnp.int32(slot), jnp.int32(row), key,
+                            jnp.int32(max_new))
+
+    def request_key(self, step_key, prompt_id: int, sample_idx: int) -> jax.Array:
+        return self._request_key(step_key, jnp.uint32(prompt_id), jnp.uint32(sample_idx))
+
+    def generate(self, params, state: DecodeState, num_steps: int | None = None,
+                 num_slots: int | None = None) -> tuple[DecodeState, Chunk]:
+        """Run a chunk of decode steps on the first `num_slots` slots (bucketed)."""
+        K = self.chunk_size if num_steps is None else int(num_steps)
+        b = bucket_for(self.num_slots if num_slots is None else max(1, num_slots),
+                       self.slot_buckets)
+        return self._generate(params, state, num_steps=K, num_slots=b)
+
+    def move(self, state: DecodeState, src: int, dst: int) -> DecodeState:
+        return self._move(state, jnp.int32(src), jnp.int32(dst))
+
+    def compiles(self) -> dict[str, int]:
+        """Compilations made so far, per function (jit's own cache sizes)."""
+        out = {}
+        for name in ("prefill", "insert", "move", "generate"):
+            fn = getattr(self, f"_{name}")
+            out[name] = int(fn._cache_size())
+        return out
+
+    def num_buckets(self) -> dict[str, int]:
+        """How many shape buckets each function can see (the bound on its compiles)."""
+        return {"prefill": len(self.prompt_buckets) * len(self.row_buckets),
+                "insert": len(self.prompt_buckets) * len(self.row_buckets),
+                "move": 1, "generate": len(self.slot_buckets)}
+
+
+def cache_bytes(config: ModelConfig, num_slots: int, cache_len: int) -> int:
+    itemsize = jnp.dtype(config.compute_dtype).itemsize
+    return 2 * itemsize * math.prod(
+        (config.num_layers, num_slots, cache_len, config.num_kv_heads, config.head_dim))

@@ -1,0 +1,180 @@
+"""Serve an ada policy with JetStream: `jetstream.engine.engine_api.Engine` over ada's engine.
+
+Optional extra (`pip install ada[jetstream]`, google-jetstream 0.2.2); jetstream is imported
+only when this module is. The mapping onto ada.sampling.engine:
+
+  prefill   JetStream hands a right-padded [T] prompt (T a power of two >= 16) and its
+            true length; it is rolled to ada's left padding on the device and prefilled
+            into a 1-row prefix. A BOS JetStream prepends is masked out when the tokenizer
+            has none (bos_id -1), so Qwen-style prompts stay as given.
+  insert    ada's insert, with the request's key fold_in(fold_in(step_key, n), 0) where n
+            counts prefills (JetStream requests carry no prompt id).
+  generate  one decode step for every slot (chunk of 1), returned as ResultTokens
+            [B, token | valid | length]; EOS / the engine's max new tokens end a slot on the
+            device (valid=False after), and JetStream's max_tokens is applied by its
+            detokenizer.
+
+Compat: jetstream 0.2.2's orchestrator calls `jax.tree_map`, removed from current jax;
+importing this module points its `delete_pytree` at `jax.tree.leaves`, and removes the
+DEBUG stdout handler the orchestrator installs on the root logger at import.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+_root_level = logging.getLogger().level
+from jetstream.core import orchestrator as _orchestrator  # noqa: E402
+from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2  # noqa: E402
+
+from ada.sampling.engine import Engine, Prefix, prefill_fn  # noqa: E402
+
+
+def _delete_pytree(p):
+    for leaf in jax.tree.leaves(p):
+        if isinstance(leaf, jax.Array):
+            leaf.delete()
+
+
+if not hasattr(jax, "tree_map"):
+    _orchestrator.delete_pytree = _delete_pytree
+# The orchestrator module adds a DEBUG stdout handler to the root logger on import; undo it.
+logging.getLogger().removeHandler(getattr(_orchestrator, "handler", None))
+logging.getLogger().setLevel(_root_level)
+
+
+@struct.dataclass
+class JetPrefix:
+    prefix: Prefix  # one row
+    key: jax.Array  # [2] uint32: the request's base key
+
+
+class TokenizerAdapter(tokenizer_api.Tokenizer):
+    """JetStream's tokenizer API over an ada tokenizer (decode, eos_ids, pad_id, optional
+    encode and bos_id)."""
+
+    def __init__(self, tokenizer, max_prefill_length: int):
+        self._tok = tokenizer
+        self._max = max_prefill_length
+
+    def encode(self, s: str, **kwargs):
+        if not hasattr(self._tok, "encode"):
+            raise ValueError("text requests need a tokenizer with encode(); send token ids")
+        ids = np.asarray(self._tok.encode(s), np.int32)
+        return token_utils.pad_tokens(
+            ids, self.bos_id, self.pad_id, is_bos=kwargs.get("is_bos", True),
+            max_prefill_length=kwargs.get("max_prefill_length", self._max),
+            jax_padding=kwargs.get("jax_padding", True))
+
+    def decode(self, token_ids: list[int], **kwargs) -> str:
+        return self._tok.decode(list(token_ids))
+
+    @property
+    def pad_id(self) -> int:
+        return int(getattr(self._tok, "pad_id", 0) or 0)
+
+    @property
+    def eos_id(self) -> int:
+        eos = tuple(getattr(self._tok, "eos_ids", ()))
+        return eos[0] if eos else -1
+
+    @property
+    def bos_id(self) -> int:
+        bos = getattr(self._tok, "bos_id", None)
+        return -1 if bos is None else int(bos)  # -1: masked out by prefill
+
+    @property
+    def stop_tokens(self) -> set[int]:
+        return set(getattr(self._tok, "eos_ids", ()))
+
+
+def _prefill_right_padded(params, tokens_T, true_length, *, config):
+    """Roll a right-padded prompt to left padding; negative ids (a missing BOS) are masked."""
+    T = tokens_T.shape[0]
+    shift = T - true_length
+    tokens = jnp.roll(tokens_T, shift)
+    mask = (jnp.arange(T) >= shift) & (tokens >= 0)
+    tokens = jnp.where(mask, tokens, 0)
+    return prefill_fn(params, tokens[None], mask[None], config=config)
+
+
+class JetStreamEngine(engine_api.Engine):
+    """A JetStream Engine backed by an ada `Engine` (samples_per_slot = 1)."""
+
+    def __init__(self, engine: Engine, params, tokenizer, step_key: Any = 0):
+        self.engine = engine
+        self._params = params
+        self._tokenizer = tokenizer
+        if isinstance(step_key, int | np.integer):
+            step_key = jax.random.PRNGKey(int(step_key))
+        self.step_key = step_key
+        self._counter = itertools.count()
+        self._mesh = engine.mesh or Mesh(np.asarray(jax.devices()[:1]), ("data",))
+        self._prefill = jax.jit(
+            lambda p, t, n: _prefill_right_padded(p, t, n, config=engine.config))
+        self._key = jax.jit(lambda k, n: jax.random.fold_in(jax.random.fold_in(k, n), 0))
+
+    def load_params(self, *args, **kwargs):
+        return self.engine.shard_params(self._params)
+
+    def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int) -> JetPrefix:
+        if existing_prefix is not None:
+            raise NotImplementedError("prefix continuation (existing_prefix) is not supported")
+        if not 0 < int(true_length) <= padded_tokens.shape[-1]:
+            raise ValueError(f"true_length={true_length} must be in [1, {padded_tokens.shape[-1]}]")
+        prefix = self._prefill(params, jnp.asarray(padded_tokens, jnp.int32), jnp.int32(true_length))
+        key = self._key(self.step_key, jnp.uint32(next(self._counter)))
+        return JetPrefix(prefix=prefix, key=key)
+
+    def insert(self, prefix: JetPrefix, decode_state, slot: int):
+        return self.engine.insert(prefix.prefix, decode_state, slot, key=prefix.key)
+
+    def generate(self, params, decode_state):
+        state, chunk = self.engine.generate(params, decode_state, num_steps=1,
+                                            num_slots=self.engine.num_slots)
+        data = jnp.concatenate(
+            [chunk.tokens, chunk.valid.astype(jnp.int32), state.generated[:, None]], axis=-1)
+        return state, engine_api.ResultTokens(
+            data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
+            samples_per_slot=1)
+
+    def init_decode_state(self, *args, **kwargs):
+        return self.engine.init_decode_state()
+
+    def get_prefix_destination_sharding(self) -> Any:
+        return NamedSharding(self._mesh, P())
+
+    def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
+        return tokenizer_pb2.TokenizerParameters(path="ada", extra_ids=0)
+
+    def build_tokenizer(self, metadata) -> TokenizerAdapter:
+        return TokenizerAdapter(self._tokenizer, self.max_prefill_length)
+
+    @property
+    def max_concurrent_decodes(self) -> int:
+        return self.engine.num_slots
+
+    @property
+    def samples_per_slot(self) -> int:
+        return 1
+
+    @property
+    def max_prefill_length(self) -> int:
+        return self.engine.max_prompt_len
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._mesh
+
+    @property
+    def colocated_cpus(self):
+        return None
