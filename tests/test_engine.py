@@ -213,7 +213,7 @@ def test_sharded_equals_unsharded_and_temperature_logprobs(model):
     assert tuple(sharded_params["layers"]["q"].sharding.spec) == (None, "fsdp", "tensor")
     driver = Driver(engine, sharded_params, step_key=3)
     assert driver.state.cache.k.sharding.spec[1] == ("data", "fsdp")
-    assert driver.state.cache.k.sharding.spec[3] == "tensor"
+    assert driver.state.cache.k.sharding.spec[2] == "tensor"  # [L, B, K, S, Hd]
     sharded = driver.generate_all(reqs)
     assert [c.token_ids for c in sharded] == [c.token_ids for c in plain]
     for a, b in zip(sharded, plain, strict=True):

@@ -57,7 +57,7 @@ from ada.sampling.samplers import SamplingConfig, sample
 class Prefix:
     """N prefilled prompts: a [N, P] cache and each row's next-token logits."""
 
-    cache: KVCache  # k/v [L, N, P, K, Hd]
+    cache: KVCache  # k/v [L, N, K, P, Hd]
     logits: jax.Array  # [N, V] float32
     lengths: jax.Array  # [N] int32: real prompt tokens (the first generated position)
 
@@ -66,7 +66,7 @@ class Prefix:
 class DecodeState:
     """Everything one decode step reads and writes, for B slots."""
 
-    cache: KVCache  # k/v [L, B, S, K, Hd]
+    cache: KVCache  # k/v [L, B, K, S, Hd]
     logits: jax.Array  # [B, V] float32: logits of the slot's next token
     positions: jax.Array  # [B] int32: RoPE position of the next token
     generated: jax.Array  # [B] int32: tokens generated so far
@@ -126,7 +126,7 @@ def insert_fn(prefix: Prefix, state: DecodeState, slot, row, key, max_new) -> De
     """Copy prefix row `row` into decode slot `slot` (traced ints: one compile per bucket)."""
     pc, sc = prefix.cache, state.cache
     Pl, S = pc.max_len, sc.max_len
-    k_row = jax.lax.dynamic_index_in_dim(pc.k, row, axis=1, keepdims=True)  # [L,1,P,K,Hd]
+    k_row = jax.lax.dynamic_index_in_dim(pc.k, row, axis=1, keepdims=True)  # [L,1,K,P,Hd]
     v_row = jax.lax.dynamic_index_in_dim(pc.v, row, axis=1, keepdims=True)
     k = jax.lax.dynamic_update_slice(sc.k, k_row.astype(sc.k.dtype), (0, slot, 0, 0, 0))
     v = jax.lax.dynamic_update_slice(sc.v, v_row.astype(sc.v.dtype), (0, slot, 0, 0, 0))
@@ -317,9 +317,9 @@ class Engine:
 
         assert self.mesh is not None
         c, B, S = self.config, self.num_slots, self.cache_len
-        kv = (c.num_layers, B, S, c.num_kv_heads, c.head_dim)
+        kv = (c.num_layers, B, c.num_kv_heads, S, c.head_dim)
         ns = lambda logical, shape: NamedSharding(self.mesh, sharding.spec_for(logical, shape, self.mesh))
-        kv_spec = ns(("layers", "batch", "seq", "kv_heads", "head_dim"), kv)
+        kv_spec = ns(("layers", "batch", "kv_heads", "seq", "head_dim"), kv)
         vec = ns(("batch",), (B,))
         return DecodeState(
             cache=KVCache(k=kv_spec, v=kv_spec, valid=ns(("batch", "seq"), (B, S)), end=vec),
@@ -452,4 +452,4 @@ class Engine:
 def cache_bytes(config: ModelConfig, num_slots: int, cache_len: int) -> int:
     itemsize = jnp.dtype(config.compute_dtype).itemsize
     return 2 * itemsize * math.prod(
-        (config.num_layers, num_slots, cache_len, config.num_kv_heads, config.head_dim))
+        (config.num_layers, num_slots, config.num_kv_heads, cache_len, config.head_dim))
