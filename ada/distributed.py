@@ -1,0 +1,126 @@
+"""Multi-host helpers: jax.distributed from the environment, process-0 helpers, global counts.
+
+Under multi-controller SPMD every process must issue the same computations in the same
+order. Anything that decides a shape — which prompts are still active, how many rows the
+next round has, which slots are refilled — must therefore be computed from *globally*
+gathered values, identically on every process. `global_sum` / `allgather` do that.
+
+Environment (any of the two spellings):
+  ADA_COORDINATOR / JAX_COORDINATOR_ADDRESS   host:port of process 0's coordinator
+  ADA_NUM_PROCESSES / JAX_NUM_PROCESSES       number of processes
+  ADA_PROCESS_ID / JAX_PROCESS_ID             this process's index
+On a Cloud TPU VM slice none is needed: `jax.distributed.initialize()` finds its peers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+_INITIALIZED = False
+
+
+def _env(*names: str) -> str | None:
+    for n in names:
+        if os.environ.get(n):
+            return os.environ[n]
+    return None
+
+
+def on_tpu_pod() -> bool:
+    """A multi-worker Cloud TPU VM (worker hostnames list has more than one entry)."""
+    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    return "," in hosts
+
+
+def initialize(coordinator: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, local_device_ids=None,
+               timeout_s: int = 300) -> bool:
+    """Initialise jax.distributed when the environment asks for more than one process.
+
+    Returns True when running multi-process. Safe to call more than once.
+    """
+    global _INITIALIZED
+    if _INITIALIZED:
+        return jax.process_count() > 1
+    coordinator = coordinator or _env("ADA_COORDINATOR", "JAX_COORDINATOR_ADDRESS")
+    n = num_processes or _env("ADA_NUM_PROCESSES", "JAX_NUM_PROCESSES")
+    pid = process_id if process_id is not None else _env("ADA_PROCESS_ID", "JAX_PROCESS_ID")
+    if coordinator and n and int(n) > 1:
+        if pid is None:
+            raise ValueError("multi-process run: set ADA_PROCESS_ID (this process's index) "
+                             f"alongside ADA_COORDINATOR={coordinator} and ADA_NUM_PROCESSES={n}")
+        if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
+            # CPU collectives across processes go through gloo.
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=coordinator, num_processes=int(n), process_id=int(pid),
+            local_device_ids=local_device_ids, initialization_timeout=timeout_s,
+        )
+        _INITIALIZED = True
+    elif on_tpu_pod():
+        jax.distributed.initialize()
+        _INITIALIZED = True
+    return jax.process_count() > 1
+
+
+def process_index() -> int:
+    return jax.process_index()
+
+
+def process_count() -> int:
+    return jax.process_count()
+
+
+def is_main() -> bool:
+    return jax.process_index() == 0
+
+
+def allgather(x: Any) -> np.ndarray:
+    """Stack a same-shaped host array from every process: [process_count, *x.shape]."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x[None]
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=False))
+
+
+def global_sum(x: Any) -> np.ndarray:
+    """Sum a same-shaped host array over processes (identical result everywhere)."""
+    return allgather(x).sum(axis=0)
+
+
+def global_max(x: Any) -> np.ndarray:
+    return allgather(x).max(axis=0)
+
+
+def broadcast(x: Any) -> Any:
+    """Process 0's value of a pytree of host arrays, on every process."""
+    if jax.process_count() == 1:
+        return x
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.broadcast_one_to_all(x)
+
+
+def sync(name: str) -> None:
+    """Barrier across processes (no-op single-process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def shard_slice(total: int, index: int | None = None, count: int | None = None) -> slice:
+    """This process's contiguous part of `total` items; `total` must divide evenly."""
+    index = jax.process_index() if index is None else index
+    count = jax.process_count() if count is None else count
+    if total % count:
+        raise ValueError(f"{total} items do not split over {count} processes; make the global "
+                         f"batch (data.prompts_per_step) a multiple of the process count")
+    per = total // count
+    return slice(index * per, (index + 1) * per)

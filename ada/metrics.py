@@ -1,0 +1,239 @@
+"""Metric writers: metrics.jsonl, TensorBoard (tensorboardX), a tqdm progress bar, plots.
+
+Only process 0 writes; other processes get writers that do nothing, so the loop calls
+them unconditionally. `metrics.jsonl` holds one JSON object per step. On resume the file
+is cut back to the restored step, so a killed-and-resumed run ends with exactly the lines
+of an uninterrupted one (timings aside).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _is_main() -> bool:
+    try:
+        import jax
+
+        return jax.process_index() == 0
+    except Exception:  # jax not initialised / not importable: single process
+        return True
+
+
+def _scalar(v: Any):
+    """A JSON-safe scalar, or None for values that are not numbers."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        return f if math.isfinite(f) else None
+    if hasattr(v, "shape") and getattr(v, "shape", None) == ():
+        return _scalar(np.asarray(v).item())
+    return None
+
+
+def _clean(record: dict) -> dict:
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, (list, tuple)):
+            out[k] = [_scalar(x) if _scalar(x) is not None else x for x in v]
+        elif isinstance(v, str):
+            out[k] = v
+        elif isinstance(v, dict):
+            out[k] = _clean(v)
+        elif isinstance(v, (int, float, np.number, np.bool_)) or getattr(v, "shape", None) == ():
+            out[k] = _scalar(v)  # non-finite numbers become null
+        else:
+            out[k] = None if v is None else str(v)
+    return out
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """Every complete line of a metrics file (a torn last line is skipped)."""
+    if not os.path.exists(path):
+        return []
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return rows
+
+
+def truncate_jsonl(path: str, last_step: int) -> int:
+    """Keep only records with step <= last_step (and no torn line); returns how many kept."""
+    rows = [r for r in read_jsonl(path) if int(r.get("step", -1)) <= last_step]
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return len(rows)
+
+
+class MetricsWriter:
+    """JSONL (always) + TensorBoard (optional) writer; a no-op off process 0."""
+
+    def __init__(self, workdir: str, tensorboard: bool = True, resume_step: int | None = None,
+                 enabled: bool | None = None):
+        self.enabled = _is_main() if enabled is None else enabled
+        self.path = os.path.join(workdir, METRICS_FILE)
+        self._tb = None
+        self._f = None
+        if not self.enabled:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        if resume_step is not None:
+            truncate_jsonl(self.path, resume_step)
+        elif os.path.exists(self.path):
+            truncate_jsonl(self.path, -1)  # a fresh run starts a fresh file
+        self._f = open(self.path, "a", encoding="utf-8")
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge)
+
+    def write(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        record = _clean({"step": int(step), **metrics})
+        self._f.write(json.dumps(record, sort_keys=True) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        if self._tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k.replace("@", "_at_"), v, int(step))
+                elif isinstance(v, list):
+                    for i, x in enumerate(v):
+                        if isinstance(x, (int, float)) and not isinstance(x, bool):
+                            self._tb.add_scalar(f"{k.replace('@', '_at_')}/{i}", x, int(step))
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Progress:
+    """A tqdm bar over training steps with ETA and a few live numbers; process 0 only."""
+
+    KEYS = ("reward_mean", "zero_variance_share", "samples_per_prompt", "eval_accuracy")
+
+    def __init__(self, total: int, initial: int = 0, enabled: bool | None = None, desc: str = "train"):
+        self.enabled = _is_main() if enabled is None else enabled
+        self._bar = None
+        self._last: dict = {}
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True,
+                             smoothing=0.1)
+
+    def update(self, metrics: dict, n: int = 1) -> None:
+        if self._bar is None:
+            return
+        for k in self.KEYS:
+            if metrics.get(k) is not None:
+                self._last[k] = metrics[k]
+        short = {"reward_mean": "R", "zero_variance_share": "zv", "samples_per_prompt": "s/p",
+                 "eval_accuracy": "eval"}
+        self._bar.set_postfix({short[k]: f"{v:.3f}" for k, v in self._last.items()}, refresh=False)
+        self._bar.update(n)
+
+    def write(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class Timer:
+    """`with timer('collect'): ...` accumulates seconds per name."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.t0
+
+        return _Ctx()
+
+    def pop(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, {}
+        return out
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def series(rows: Sequence[dict], key: str, x: str = "step") -> tuple[np.ndarray, np.ndarray]:
+    pts = [(r[x], r[key]) for r in rows if r.get(key) is not None and r.get(x) is not None]
+    if not pts:
+        return np.zeros(0), np.zeros(0)
+    xs, ys = zip(*pts, strict=True)
+    return np.asarray(xs, float), np.asarray(ys, float)
+
+
+PLOT_KEYS = ("reward_mean", "eval_accuracy", "zero_variance_share", "samples_per_prompt")
+
+
+def plot_run(workdir: str, keys: Iterable[str] = PLOT_KEYS, out: str | None = None) -> str | None:
+    """One PNG with a panel per metric against steps; returns its path (None if no data)."""
+    rows = read_jsonl(os.path.join(workdir, METRICS_FILE))
+    keys = [k for k in keys if len(series(rows, k)[0])]
+    if not keys:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
+    for ax, k in zip(axes[0], keys, strict=True):
+        xs, ys = series(rows, k)
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3)
+        ax.set_title(k)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = out or os.path.join(workdir, "metrics.png")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

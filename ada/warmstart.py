@@ -1,0 +1,121 @@
+"""A short supervised warm start on the synthetic task, cached on disk by its config.
+
+RL needs a policy that sometimes solves a prompt: a randomly initialised model never
+does, so every group is all-wrong and there is no signal at all. The embedded default
+therefore trains the tiny model for a few hundred steps of next-token cross-entropy on
+`prompt + answer + EOS` for the training split, then RL takes over. The result depends
+only on (model config, tokenizer, records, warm-start settings, seed), so it is cached
+under a hash of those and computed once; every method compared in experiments/ starts
+from the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import serialization
+
+from ada.models.transformer import ModelConfig, forward, init_params, positions_from_mask
+
+log = logging.getLogger(__name__)
+
+
+def cache_key(model_cfg: ModelConfig, vocab_fingerprint: str, records: Sequence[dict],
+              response_fn_tag: str, settings: dict, seed: int) -> str:
+    h = hashlib.sha256()
+    h.update(repr(model_cfg).encode())
+    h.update(vocab_fingerprint.encode())
+    h.update(response_fn_tag.encode())
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    h.update(str(seed).encode())
+    for r in records:
+        h.update(r["id"].encode() + b"\0" + r["problem"].encode() + b"\0" + r["answer"].encode())
+    return h.hexdigest()[:16]
+
+
+def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int, T: int):
+    """Left-pad prompts, right-pad targets into [B, T]; loss only on the target tokens."""
+    B = len(examples)
+    tokens = np.full((B, T), pad_id, np.int32)
+    mask = np.zeros((B, T), bool)
+    loss_mask = np.zeros((B, T), np.float32)
+    for i, (prompt, target) in enumerate(examples):
+        seq = (prompt + target)[:T]
+        tokens[i, : len(seq)] = seq
+        mask[i, : len(seq)] = True
+        loss_mask[i, len(prompt): len(seq)] = 1.0
+    return tokens, mask, loss_mask
+
+
+def supervised_train(params, model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]]],
+                     *, steps: int, batch_size: int, lr: float, seed: int, pad_id: int,
+                     log_every: int = 0):
+    """AdamW (cosine decay) on token cross-entropy of the targets; deterministic."""
+    T = max(len(p) + len(t) for p, t in examples)
+    tokens_all, mask_all, lmask_all = (jnp.asarray(x) for x in _batch(examples, pad_id, T))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 20), max(steps, 2), lr * 0.1)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.0))
+    opt_state = opt.init(params)
+
+    def loss_fn(p, tokens, mask, lmask):
+        logits, _ = forward(p, model_cfg, tokens, positions_from_mask(mask), mask)
+        logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+        ll = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+        w = lmask[:, 1:]
+        return -jnp.sum(ll * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+    @jax.jit
+    def step(p, s, idx):
+        loss, g = jax.value_and_grad(loss_fn)(p, tokens_all[idx], mask_all[idx], lmask_all[idx])
+        upd, s = opt.update(g, s, p)
+        return optax.apply_updates(p, upd), s, loss
+
+    rng = np.random.Generator(np.random.PCG64(seed))
+    n = len(examples)
+    loss = float("nan")
+    for k in range(steps):
+        idx = rng.choice(n, size=min(batch_size, n), replace=False)
+        params, opt_state, loss = step(params, opt_state, jnp.asarray(idx))
+        if log_every and (k + 1) % log_every == 0:
+            log.info("warm start step %d/%d loss %.4f", k + 1, steps, float(loss))
+    return params, float(loss)
+
+
+def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]]], *,
+               key_parts: str, steps: int, batch_size: int, lr: float, seed: int, pad_id: int,
+               cache_dir: str) -> tuple[dict, dict]:
+    """Random init + `steps` supervised steps, cached in `cache_dir/<key>.msgpack`.
+
+    Returns (params, info) with info = {"cached": bool, "path": ..., "loss": ...}.
+    """
+    os.makedirs(cache_dir, exist_ok=True)
+    path = os.path.join(cache_dir, f"warmstart-{key_parts}.msgpack")
+    template = init_params(model_cfg, jax.random.key(seed))
+    if os.path.exists(path):
+        try:
+            with open(path, "rb") as f:
+                params = serialization.from_bytes(template, f.read())
+            meta = json.load(open(path + ".json")) if os.path.exists(path + ".json") else {}
+            return params, {"cached": True, "path": path, "loss": meta.get("loss")}
+        except Exception as e:  # a corrupt cache entry is recomputed, never trusted
+            log.warning("warm-start cache %s unreadable (%s); recomputing", path, e)
+    params, loss = supervised_train(template, model_cfg, examples, steps=steps,
+                                    batch_size=batch_size, lr=lr, seed=seed, pad_id=pad_id)
+    params = jax.device_get(params)
+    if jax.process_index() == 0:
+        tmp = path + f".tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(serialization.to_bytes(params))
+        with open(tmp + ".json", "w") as f:
+            json.dump({"loss": loss, "steps": steps}, f)
+        os.replace(tmp + ".json", path + ".json")
+        os.replace(tmp, path)  # atomic: a reader sees the old state or the whole file
+    return params, {"cached": False, "path": path, "loss": loss}

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Run an ada config on every worker of a Cloud TPU VM (single host or pod slice).
+#
+#   ./launch_tpu.sh --name ada-v5e --zone us-west4-a --type v5litepod-16 \
+#       [--project P] [--version tpu-ubuntu2204-base] [--spot] [--repo GIT_URL [--branch B]] \
+#       [--dry-run] -- --config configs/qwen25_math_7b.py:ada_balance --workdir gs://BUCKET/run1
+#
+# Steps (each printed before it runs; --dry-run prints them and runs nothing):
+#   1. reuse the TPU VM if `describe` finds it, else create it;
+#   2. put the code on every worker: `git clone/pull` of --repo, or (default) a tarball of
+#      this checkout copied with `scp --worker=all`;
+#   3. install jax[tpu] and requirements.txt on every worker (pip, a venv under ~/ada-venv);
+#   4. start `python -m ada.runner ARGS...` on all workers at once (jax.distributed finds
+#      its peers on a TPU slice), logging to ~/ada/run.log on each worker.
+set -euo pipefail
+
+NAME="" ZONE="" TYPE="" PROJECT="" VERSION="tpu-ubuntu2204-base" SPOT=0 REPO="" BRANCH="main" DRY=0
+JAX_VERSION="${JAX_VERSION:-0.10.2}"
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --name) NAME="$2"; shift 2 ;;
+    --zone) ZONE="$2"; shift 2 ;;
+    --type) TYPE="$2"; shift 2 ;;
+    --project) PROJECT="$2"; shift 2 ;;
+    --version) VERSION="$2"; shift 2 ;;
+    --repo) REPO="$2"; shift 2 ;;
+    --branch) BRANCH="$2"; shift 2 ;;
+    --spot) SPOT=1; shift ;;
+    --dry-run) DRY=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; break ;;
+    *) echo "launch_tpu.sh: unknown option $1 (run with --help)" >&2; exit 2 ;;
+  esac
+done
+RUN_ARGS=("$@")
+
+missing=()
+[[ -z "$NAME" ]] && missing+=(--name)
+[[ -z "$ZONE" ]] && missing+=(--zone)
+[[ -z "$TYPE" ]] && missing+=(--type)
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "launch_tpu.sh: missing ${missing[*]} (run with --help)" >&2; exit 2
+fi
+if [[ ${#RUN_ARGS[@]} -eq 0 ]]; then
+  echo "launch_tpu.sh: no run arguments; add: -- --config configs/X.py --workdir gs://BUCKET/DIR" >&2; exit 2
+fi
+HAVE_WORKDIR=0
+for a in "${RUN_ARGS[@]}"; do [[ "$a" == --workdir* ]] && HAVE_WORKDIR=1; done
+if [[ $HAVE_WORKDIR -eq 0 ]]; then
+  echo "launch_tpu.sh: the run needs --workdir (a gs:// path so every worker sees the checkpoints)" >&2; exit 2
+fi
+
+GC=(gcloud compute tpus tpu-vm)
+LOC=(--zone "$ZONE")
+[[ -n "$PROJECT" ]] && LOC+=(--project "$PROJECT")
+
+say() { printf '+ %s\n' "$*"; }
+quote() {  # shell-quote each argument readably: plain words bare, others in single quotes
+  local out="" a
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then out+="$a "; else out+="'${a//\'/\'\\\'\'}' "; fi
+  done
+  printf '%s' "${out% }"
+}
+run() {  # print a command, then run it unless --dry-run
+  say "$(quote "$@")"
+  [[ $DRY -eq 1 ]] || "$@"
+}
+ssh_all() { run "${GC[@]}" ssh "$NAME" "${LOC[@]}" --worker=all --command "$1"; }
+
+# 1. create or reuse
+if [[ $DRY -eq 1 ]]; then
+  say "$(quote "${GC[@]}" describe "$NAME" "${LOC[@]}") || (create below)"
+  CREATE=1
+elif "${GC[@]}" describe "$NAME" "${LOC[@]}" >/dev/null 2>&1; then
+  echo "reusing TPU VM $NAME"; CREATE=0
+else
+  CREATE=1
+fi
+if [[ $CREATE -eq 1 ]]; then
+  extra=(); [[ $SPOT -eq 1 ]] && extra+=(--spot)
+  run "${GC[@]}" create "$NAME" "${LOC[@]}" --accelerator-type "$TYPE" --version "$VERSION" "${extra[@]}"
+fi
+
+# 2. code on every worker
+HERE="$(cd "$(dirname "$0")" && pwd)"
+if [[ -n "$REPO" ]]; then
+  ssh_all "if [ -d ~/ada/.git ]; then cd ~/ada && git fetch -q && git checkout -q $BRANCH && git pull -q; else git clone -q -b $BRANCH $REPO ~/ada; fi"
+else
+  TARBALL="/tmp/ada-code-$$.tar.gz"
+  run tar -C "$HERE" --exclude=.git --exclude=runs --exclude='*.egg-info' --exclude=__pycache__ -czf "$TARBALL" .
+  run "${GC[@]}" scp "$TARBALL" "$NAME:~/ada-code.tar.gz" "${LOC[@]}" --worker=all
+  ssh_all "mkdir -p ~/ada && tar -xzf ~/ada-code.tar.gz -C ~/ada"
+fi
+
+# 3. install on every worker
+ssh_all "python3 -m venv ~/ada-venv && ~/ada-venv/bin/pip install -q -U pip && ~/ada-venv/bin/pip install -q \"jax[tpu]==${JAX_VERSION}\" -f https://storage.googleapis.com/jax-releases/libtpu_releases.html && ~/ada-venv/bin/pip install -q -r ~/ada/requirements.txt && ~/ada-venv/bin/pip install -q --no-deps -e ~/ada"
+
+# 4. run on all workers at once
+ARGS_Q=$(printf '%q ' "${RUN_ARGS[@]}")
+ssh_all "cd ~/ada && nohup ~/ada-venv/bin/python -m ada.runner ${ARGS_Q% } > ~/ada/run.log 2>&1 &"
+echo "started; follow worker 0 with: ${GC[*]} ssh $NAME ${LOC[*]} --worker=0 --command 'tail -f ~/ada/run.log'"

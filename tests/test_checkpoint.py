@@ -1,0 +1,86 @@
+"""Checkpoints: round trip of every item, keep-last-k, half-written steps ignored, HF export."""
+
+import os
+import shutil
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ada.checkpoint import Checkpointer, CheckpointWarning, export_hf, is_complete
+
+
+def _state(seed):
+    k = jax.random.key(seed)
+    params = {"w": jax.random.normal(k, (3, 4)), "b": jnp.arange(4.0)}
+    opt = optax.adamw(1e-2).init(params)
+    grads = jax.tree.map(jnp.ones_like, params)
+    _, opt = optax.adamw(1e-2).update(grads, opt, params)
+    return {"params": params, "opt_state": opt, "rng": jax.random.key_data(jax.random.key(seed + 7))}
+
+
+def _equal(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+
+
+def test_round_trip_and_keep_last_k(tmp_path):
+    ck = Checkpointer(str(tmp_path / "ck"), keep=2)
+    states = {s: _state(s) for s in (1, 2, 3)}
+    for s, st in states.items():
+        ck.save(s, st, {"data": {"epoch": 0, "position": 10 * s}, "sampler": {"rounds": [s, 1]}})
+    assert ck.all_steps() == [2, 3]
+    got, meta, step = ck.restore(_state(0))
+    assert step == 3 and _equal(got, states[3])
+    assert type(got["opt_state"][0]).__name__ == "ScaleByAdamState"
+    assert int(got["opt_state"][0].count) == 1
+    assert meta["data"] == {"epoch": 0, "position": 30} and meta["sampler"] == {"rounds": [3, 1]}
+    got2, meta2, _ = ck.restore(_state(0), step=2)
+    assert _equal(got2, states[2]) and meta2["step"] == 2
+
+
+def test_half_written_step_ignored_with_warning(tmp_path):
+    d = tmp_path / "ck"
+    ck = Checkpointer(str(d), keep=3)
+    ck.save(4, _state(4), {})
+    # a half-written step: a copy of step 4 missing orbax's metadata, under a later number
+    shutil.copytree(d / "4", d / "9")
+    os.remove(d / "9" / "_CHECKPOINT_METADATA")
+    (d / "12").mkdir()  # an empty step dir
+    (d / "13.orbax-checkpoint-tmp-1234").mkdir()  # orbax temporary of a killed write
+    ck2 = Checkpointer(str(d), keep=3)
+    with pytest.warns(CheckpointWarning, match="incomplete checkpoint"):
+        assert ck2.latest_step() == 4
+    assert not is_complete(str(d / "9"))
+    got, meta, step = ck2.restore(_state(0))
+    assert step == 4 and _equal(got, _state(4))
+    # incomplete dirs never count against keep-last-k and a new save replaces a junk dir
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)
+        for s in (9, 10, 11):
+            ck2.save(s, _state(s), {})
+        assert ck2.all_steps() == [9, 10, 11]
+
+
+def test_restore_missing(tmp_path):
+    ck = Checkpointer(str(tmp_path / "empty"))
+    assert ck.latest_step() is None
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        ck.restore(_state(0))
+
+
+def test_export_hf(tmp_path):
+    from ada.models import init_params, preset
+    from ada.models.hf import load_hf
+
+    cfg = preset("tiny", family="qwen2", vocab_size=64)
+    params = init_params(cfg, jax.random.key(0))
+    ck = Checkpointer(str(tmp_path / "ck"))
+    ck.save(5, {"params": params, "opt_state": optax.sgd(0.1).init(params)}, {})
+    export_hf(str(tmp_path / "ck"), str(tmp_path / "hf"), cfg)
+    loaded, cfg2 = load_hf(str(tmp_path / "hf"))
+    assert cfg2.vocab_size == 64 and cfg2.num_layers == cfg.num_layers
+    assert _equal(loaded, params)

@@ -1,0 +1,110 @@
+"""End to end: a tiny run, exact resume after SIGKILL, half-written checkpoints ignored."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ada import config as C
+from ada.metrics import read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(ROOT, "configs", "default.py")
+STEPS = 6
+
+
+def tiny_overrides(cache):
+    return [
+        ("data.num_train", "200"), ("data.num_eval", "12"), ("data.prompts_per_step", "4"),
+        ("adaptive.samples_per_round", "4"), ("adaptive.max_rounds", "2"),
+        ("sampling.num_slots", "32"), ("sampling.max_new_tokens", "6"),
+        ("train.steps", str(STEPS)), ("eval.every", "3"), ("eval.samples", "2"),
+        ("eval.pass_k", "(1,2)"), ("checkpoint.every", "1"), ("checkpoint.keep", "2"),
+        ("warmstart.steps", "60"), ("warmstart.cache_dir", cache), ("log.progress", "false"),
+        ("log.plots", "false"), ("optim.lr", "1e-3"), ("optim.warmup_steps", "1"),
+    ]
+
+
+def _args(overrides):
+    return [f"--config.{k}={v}" for k, v in overrides]
+
+
+def _final_params(workdir):
+    from ada.checkpoint import Checkpointer
+
+    state, meta = Checkpointer(os.path.join(workdir, "checkpoints")).restore_params()
+    return state, meta
+
+
+def _strip_times(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time_") and k not in ("setup_s", "warmstart_cached")}
+            for r in rows]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("adacache"))
+
+
+def test_end_to_end_and_exact_resume_after_sigkill(tmp_path, cache):
+    import jax
+
+    from ada import runner
+
+    ov = tiny_overrides(cache)
+    # A: uninterrupted, in this process
+    cfg = C.build_config(DEFAULT, ov)
+    C.validate(cfg, str(tmp_path / "a"))
+    summary = runner.train(cfg, str(tmp_path / "a"))
+    assert summary["steps"] == STEPS
+    rows_a = read_jsonl(str(tmp_path / "a" / "metrics.jsonl"))
+    assert [r["step"] for r in rows_a] == list(range(STEPS + 1))
+    for r in rows_a[1:]:
+        for k in ("reward_mean", "zero_variance_share", "samples_per_prompt", "grad_norm", "entropy"):
+            assert r[k] is not None and np.isfinite(r[k]), (k, r)
+        assert 0 <= r["zero_variance_share"] <= 1
+        assert 1 <= r["samples_per_prompt"] <= 8  # M x N budget
+    assert all("eval_accuracy" in rows_a[s] for s in (0, 3, 6))
+    assert os.path.exists(tmp_path / "a" / "summary.json")
+    assert sorted(os.listdir(tmp_path / "a" / "checkpoints")) == ["5", "6"]  # keep-last-2
+
+    # B: the same run in a subprocess, SIGKILLed after a random step, then resumed
+    wd = str(tmp_path / "b")
+    cmd = [sys.executable, "-m", "ada.runner", "--config", DEFAULT, *_args(ov), "--workdir", wd]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    kill_after = random.Random().randint(1, STEPS - 2)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:
+            rows = read_jsonl(os.path.join(wd, "metrics.jsonl"))
+            if rows and rows[-1]["step"] >= kill_after:
+                break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    killed_at = read_jsonl(os.path.join(wd, "metrics.jsonl"))[-1]["step"]
+    assert killed_at < STEPS
+    # plant a half-written checkpoint with a later step number: it must be skipped
+    ck = os.path.join(wd, "checkpoints")
+    os.makedirs(os.path.join(ck, "99", "state"))
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ignoring incomplete checkpoint" in r.stderr and "/99" in r.stderr
+    rows_b = read_jsonl(os.path.join(wd, "metrics.jsonl"))
+    assert _strip_times(rows_b) == _strip_times(rows_a)
+    pa, ma = _final_params(str(tmp_path / "a"))
+    pb, mb = _final_params(wd)
+    la, lb = jax.tree.leaves(pa), jax.tree.leaves(pb)
+    assert len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb, strict=True))
+    assert ma["data"] == mb["data"] and ma["sampler"] == mb["sampler"]
+    run_cfg = json.load(open(os.path.join(wd, "config.json")))
+    assert run_cfg["method"] == "ada_balance"
