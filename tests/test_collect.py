@@ -194,8 +194,8 @@ def test_generate_callable_round_loop(prompts):
             out += d.step()
         return out[::-1]  # arrival order must not matter
 
-    a = Collector(method_config("ada_pos"), sim_reward, generate=generate).collect(
-        prompts, jax.random.key(3))
+    a = Collector(method_config("ada_pos"), sim_reward, generate=generate,
+                  prompt_id_offset=1000).collect(prompts, jax.random.key(3))
     b = Collector(method_config("ada_pos"), sim_reward, driver=SimulatedDriver(pol, 3),
                   prompt_id_offset=1000).collect(prompts, jax.random.key(3))
     assert all(c.prompt_id >= 1000 for row in b.completions for c in row)  # engine-facing ids

@@ -112,3 +112,19 @@ def test_pool_narrower_than_n_is_rejected():
     with pytest.raises(ValueError, match="columns < n"):
         select(np.zeros((2, 3), np.float32), np.ones((2, 3), bool), 4, "balance",
                jax.random.key(0), THR)
+
+
+def test_selection_of_a_prompt_does_not_depend_on_its_batch():
+    """A prompt keeps the same members whether it is selected among 6 rows or alone with its
+    global id (what makes a 2-process run keep the same responses as a 1-process run)."""
+    rng = np.random.default_rng(3)
+    r = rng.integers(0, 2, (P, S)).astype(np.float32)
+    v = np.ones((P, S), bool)
+    ids = np.arange(100, 100 + P)
+    key = jax.random.key(7)
+    full, _ = select(r, v, 4, "balance", key, THR, ids)
+    for p in range(P):
+        alone, _ = select(r[p:p + 1], v[p:p + 1], 4, "balance", key, THR, ids[p:p + 1])
+        np.testing.assert_array_equal(np.asarray(alone)[0], np.asarray(full)[p])
+    other, _ = select(r, v, 4, "balance", key, THR, ids + 1)
+    assert not np.array_equal(np.asarray(other), np.asarray(full))

@@ -292,7 +292,7 @@ class Collector:
             rounds = self._run_rounds(prompts, pool, offset, counters)
         else:
             rounds = self._run_continuous(prompts, pool, offset, counters)
-        return self._finish(prompts, pool, key, counters, rounds)
+        return self._finish(prompts, pool, key, counters, rounds, offset)
 
     def _run_rounds(self, prompts, pool: Pool, offset, counters) -> list[dict]:
         cfg, out = self.config, []
@@ -345,12 +345,13 @@ class Collector:
                      reward_mean=float(np.mean(rewards)) if rewards else 0.0,
                      seconds=time.perf_counter() - t0, driver_steps=steps)]
 
-    def _finish(self, prompts, pool: Pool, key, counters, rounds) -> Collected:
+    def _finish(self, prompts, pool: Pool, key, counters, rounds, offset: int) -> Collected:
         cfg = self.config
         if int(pool.inflight.sum()):
             raise RuntimeError("collection ended with requests still in flight")
+        prompt_ids = offset + np.arange(pool.num_prompts)
         idx, st = select(pool.rewards.astype(np.float32), pool.valid, cfg.n, cfg.rule, key,
-                         cfg.threshold)
+                         cfg.threshold, prompt_ids)
         idx = np.asarray(idx)
         gv = np.asarray(st["group_valid"])
         P = pool.num_prompts

@@ -13,8 +13,9 @@ done = RULES[mode](pos, neg, seen, n):
       With both kinds present the group keeps at least one of each; with one kind, all of it.
 
 Within a kind the members are a uniformly random subset (one uniform draw per pool entry
-from `key`), so the result is deterministic given the key and the pool, and independent of
-the pool's arrival order when columns are sample indices. Members are listed positives
+from `fold_in(key, prompt_id)`), so the result is deterministic given the key and the pool,
+independent of the pool's arrival order when columns are sample indices, and independent of
+which other prompts share the batch (a prompt keeps the same members on 1 or N processes). Members are listed positives
 first. A pool with fewer than n responses fills `take` slots; the rest get index -1 and
 `group_valid` False (the collectors never produce such pools: the budget is >= n and rules
 only exit with >= n responses).
@@ -52,8 +53,11 @@ def target_counts(pos, neg, n: int, mode: str):
 
 
 @functools.partial(jax.jit, static_argnames=("n", "mode"))
-def select(pool_rewards_PxS, pool_valid_PxS, n: int, mode: str, key, threshold):
+def select(pool_rewards_PxS, pool_valid_PxS, n: int, mode: str, key, threshold, prompt_ids_P=None):
     """Pick n members per prompt. Returns (indices [P, n] int32, stats dict).
+
+    prompt_ids_P: global ids of the rows (default 0..P-1); each row's randomness comes from
+    `fold_in(key, prompt_id)`.
 
     stats: pos, neg, seen, done, n_pos (kept positives) [P]; group_valid [P, n];
     rewards [P, n] (the kept rewards, 0 where invalid); mixed [P] (kept rewards not all
@@ -70,7 +74,10 @@ def select(pool_rewards_PxS, pool_valid_PxS, n: int, mode: str, key, threshold):
     neg = jnp.sum(is_neg, axis=1, dtype=jnp.int32)
     n_pos, n_neg, done = target_counts(pos, neg, n, mode)
 
-    u_PxS = jax.random.uniform(key, (P, S))
+    if prompt_ids_P is None:
+        prompt_ids_P = jnp.arange(P)
+    row_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(prompt_ids_P, jnp.uint32))
+    u_PxS = jax.vmap(lambda k: jax.random.uniform(k, (S,)))(row_keys)
     order_pos = jnp.argsort(jnp.where(is_pos, u_PxS, 2.0), axis=1)  # positives first, shuffled
     order_neg = jnp.argsort(jnp.where(is_neg, u_PxS, 2.0), axis=1)
     j = jnp.arange(n)[None, :]

@@ -355,7 +355,7 @@ class Engine:
         )
         # Committed like generate's outputs, so insert sees one input signature (one compile).
         shardings = (self.state_shardings() if self.mesh is not None
-                     else jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+                     else jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
         return jax.device_put(state, shardings)
 
     def check_prompt(self, tokens) -> str | None:
