@@ -3,7 +3,7 @@
 #
 #   ./launch_tpu.sh --name ada-v5e --zone us-west4-a --type v5litepod-16 \
 #       [--project P] [--version tpu-ubuntu2204-base] [--spot] [--repo GIT_URL [--branch B]] \
-#       [--dry-run] -- --config configs/qwen25_math_7b.py:ada_balance --workdir gs://BUCKET/run1
+#       [--dry-run] -- --config configs/qwen25_math_7b.py:ada_balance --workdir /mnt/shared/run1
 #
 # Steps (each printed before it runs; --dry-run prints them and runs nothing):
 #   1. reuse the TPU VM if `describe` finds it, else create it;
@@ -44,12 +44,12 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   echo "launch_tpu.sh: missing ${missing[*]} (run with --help)" >&2; exit 2
 fi
 if [[ ${#RUN_ARGS[@]} -eq 0 ]]; then
-  echo "launch_tpu.sh: no run arguments; add: -- --config configs/X.py --workdir gs://BUCKET/DIR" >&2; exit 2
+  echo "launch_tpu.sh: no run arguments; add: -- --config configs/X.py --workdir /mnt/shared/DIR" >&2; exit 2
 fi
 HAVE_WORKDIR=0
 for a in "${RUN_ARGS[@]}"; do [[ "$a" == --workdir* ]] && HAVE_WORKDIR=1; done
 if [[ $HAVE_WORKDIR -eq 0 ]]; then
-  echo "launch_tpu.sh: the run needs --workdir (a gs:// path so every worker sees the checkpoints)" >&2; exit 2
+  echo "launch_tpu.sh: the run needs --workdir (a directory every worker sees at the same path, e.g. a gcsfuse or Filestore mount: all hosts write checkpoint shards there)" >&2; exit 2
 fi
 
 GC=(gcloud compute tpus tpu-vm)

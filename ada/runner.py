@@ -123,8 +123,8 @@ def _mix(difficulty: str) -> dict:
 
 def load_tokenizer_for(config, task: Task, cache_dir: str):
     """The model's tokenizer, or for a synthetic task a tiny SentencePiece trained on it."""
-    from ada.tokenizer import load_tokenizer, train_sentencepiece
     from ada.templates import render_prompt
+    from ada.tokenizer import load_tokenizer, train_sentencepiece
 
     if config.tokenizer.path:
         return load_tokenizer(config.tokenizer.path)
@@ -139,7 +139,7 @@ def load_tokenizer_for(config, task: Task, cache_dir: str):
         return load_tokenizer(path)
     os.makedirs(cache_dir, exist_ok=True)
     tmp = path[:-6] + f".tmp{os.getpid()}.model"
-    tok = train_sentencepiece(texts, config.tokenizer.vocab_size, tmp)
+    train_sentencepiece(texts, config.tokenizer.vocab_size, tmp)
     os.replace(tmp, path)
     return load_tokenizer(path)
 
@@ -382,9 +382,9 @@ class Run:
     # -- sampling --------------------------------------------------------------
 
     def _driver(self, engine, params, key):
-        from ada.sampling.driver import Driver
-
         import jax
+
+        from ada.sampling.driver import Driver
 
         # the engine folds raw uint32 keys
         return Driver(engine, engine.shard_params(params), tokenizer=self.tokenizer,
@@ -394,7 +394,6 @@ class Run:
         """One adaptive collection on this process's prompts."""
         import jax
 
-        from ada.sampling.driver import Request
 
         with jax.default_device(jax.local_devices()[0]):  # generation is process-local
             return self._collect(state, prompts, key)
@@ -726,11 +725,29 @@ def evaluate_cli(args) -> dict:
 # ----------------------------------------------------------------------------- CLI
 
 
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "configs", "default.py")
+
+EPILOG = """examples:
+  python -m ada.runner --workdir runs/default                   # the embedded default
+  python -m ada.runner --config configs/default.py:grpo --workdir runs/grpo
+  python -m ada.runner --config configs/qwen25_math_7b.py:ada_balance --workdir runs/q7b \\
+      --config.model.path=/models/Qwen2.5-Math-7B --config.train.steps=300
+  python -m ada.runner --config configs/default.py --print_config   # see every knob
+  python -m ada.runner --sweep configs/sweep_methods.py --workdir runs/sweep --print
+
+Any config value can be overridden with --config.a.b=value. Methods (the :arg of a
+config file): grpo, dapo, ada_pos, ada_balance. A rerun with the same --workdir resumes
+from its latest complete checkpoint."""
+
+
 def parse_args(argv: Sequence[str]):
     overrides, rest = cfglib.parse_override_args(argv)
     p = argparse.ArgumentParser(prog="python -m ada.runner",
-                                description="Train with Reinforce-Ada / GRPO from a config file.")
-    p.add_argument("--config", help="configs/FILE.py[:arg]")
+                                description="Train with Reinforce-Ada / GRPO from a config file.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=DEFAULT_CONFIG,
+                   help="configs/FILE.py[:arg] (default: configs/default.py, the embedded default)")
     p.add_argument("--workdir", help="output directory (metrics, checkpoints, plots)")
     p.add_argument("--sweep", help="configs/sweep_*.py: run each point (or --print the commands)")
     p.add_argument("--print", action="store_true", help="with --sweep: print commands, run nothing")

@@ -3,9 +3,14 @@
     python -m ada.runner --config configs/default.py --workdir runs/default
     python -m ada.runner --config configs/default.py:grpo --workdir runs/grpo
 
-A short supervised warm start (cached) gives a policy that solves the easy level, half
-solves the middle one and rarely solves the hard one, so at n=4 most groups start
-all-correct or all-wrong: the regime adaptive sampling is for.
+The task is two-digit addition / subtraction (arithmetic level 2, ~20k distinct problems,
+so the held-out split tests the algorithm, not memorised facts). A short supervised warm
+start (cached, ~1.5 min once) gives a policy that is right ~14% of the time at
+temperature 1 but often has the answer within reach (pass@8 ~0.6): at n=4 most GRPO groups
+start all-wrong, the regime adaptive sampling is for, and RL sharpening generalises to the
+held-out split. Measured choices (docs/default_run.md): with 16 prompts per step or
+lr >= 3e-4 the held-out accuracy stays flat or falls (Adam's sign-like first steps swamp
+the signal); 64 prompts per step at lr 1e-4 rises steadily.
 """
 
 from configs import common
@@ -20,10 +25,10 @@ def get_config(arg=None):
     c.tokenizer.vocab_size = 96
 
     c.data.source = "arithmetic"
-    c.data.difficulty = "1:2,2:1,3:1"
+    c.data.difficulty = "2:1"
     c.data.num_train = 4000
     c.data.num_eval = 96
-    c.data.prompts_per_step = 16
+    c.data.prompts_per_step = 64
     c.data.max_prompt_len = 32
 
     c.adaptive.n = 4
@@ -36,17 +41,17 @@ def get_config(arg=None):
     c.sampling.num_slots = 128
     c.sampling.chunk_size = 8
 
-    c.optim.lr = 2e-4
+    c.optim.lr = 1e-4
     c.optim.warmup_steps = 5
     c.optim.entropy_coef = 1e-4
     c.optim.mini_batches = 1
 
-    c.train.steps = 60
-    c.eval.every = 10
+    c.train.steps = 200
+    c.eval.every = 25
     c.eval.samples = 8
     c.eval.temperature = 1.0
     c.eval.pass_k = (1, 4, 8)
-    c.checkpoint.every = 10
+    c.checkpoint.every = 50
     c.checkpoint.keep = 2
 
     c.warmstart.enabled = True

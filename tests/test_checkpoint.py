@@ -24,7 +24,7 @@ def _state(seed):
 
 def _equal(a, b):
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb, strict=False))
 
 
 def test_round_trip_and_keep_last_k(tmp_path):

@@ -85,7 +85,7 @@ def test_rounds_match_reference(prompts, rule):
     out = Collector(cfg, sim_reward, driver=SimulatedDriver(pol, 7)).collect(
         prompts, jax.random.key(0))
     want = ref_rounds(outcomes(prompts, pol, cfg.budget), rule, 4, 3, 4)
-    assert [(int(s), bool(d)) for s, d in zip(out.samples, out.done)] == want
+    assert [(int(s), bool(d)) for s, d in zip(out.samples, out.done, strict=False)] == want
     check_groups(out, 4, cfg.budget)
     assert out.rounds[0]["active_prompts"] == len(prompts)
     assert sum(r["samples"] for r in out.rounds) == out.metrics["samples"] == sum(w[0] for w in want)
@@ -99,7 +99,7 @@ def test_continuous_one_slot_is_sequential(prompts):
     out = Collector(cfg, sim_reward, driver=SimulatedDriver(pol, 1)).collect(
         prompts, jax.random.key(0))
     want = ref_sequential(outcomes(prompts, pol, cfg.budget), "balance", 4, cfg.budget)
-    assert [(int(s), bool(d)) for s, d in zip(out.samples, out.done)] == want
+    assert [(int(s), bool(d)) for s, d in zip(out.samples, out.done, strict=False)] == want
     check_groups(out, 4, cfg.budget)
 
 
@@ -150,7 +150,7 @@ def test_dapo_fills_with_mixed_groups():
     assert out.metrics["samples"] == 4 * out.metrics["prompts_drawn"]
     assert out.metrics["prompt_batches"] > 1
     assert len({p.uid for p in out.prompts}) == 16
-    for p, comps in zip(out.prompts, out.completions):  # groups stay with their prompt
+    for p, comps in zip(out.prompts, out.completions, strict=False):  # groups stay with their prompt
         assert [float(c.text) for c in comps] == [
             float(SimulatedPolicy().outcome(p, c.sample_idx)[0]) for c in comps]
 

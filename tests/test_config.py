@@ -126,5 +126,5 @@ def test_cli_one_line_errors(tmp_path):
         r = subprocess.run([sys.executable, "-m", "ada.runner", "--config", *cfg_args, "--workdir",
                             str(tmp_path / "w")], capture_output=True, text=True, env=env, timeout=120)
         assert r.returncode == 2, r.stderr
-        lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
         assert len(lines) == 1 and needle in lines[0], r.stderr

@@ -22,10 +22,10 @@ def test_dry_run_prints_every_step(tmp_path):
     r, marker = _run(["--dry-run", "--name", "ada-t", "--zone", "us-central2-b", "--type", "v4-16",
                       "--project", "proj", "--spot", "--",
                       "--config", "configs/qwen25_math_7b.py:ada_balance",
-                      "--config.train.steps=10", "--workdir", "gs://bucket/run 1"], tmp_path)
+                      "--config.train.steps=10", "--workdir", "/mnt/shared/run 1"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert not marker.exists(), "dry run must not call gcloud"
-    cmds = [l[2:] for l in r.stdout.splitlines() if l.startswith("+ ")]
+    cmds = [ln[2:] for ln in r.stdout.splitlines() if ln.startswith("+ ")]
     text = "\n".join(cmds)
     assert cmds[0].startswith("gcloud compute tpus tpu-vm describe ada-t --zone us-central2-b --project proj")
     create = [c for c in cmds if " create " in c][0]
@@ -36,13 +36,13 @@ def test_dry_run_prints_every_step(tmp_path):
     run = cmds[-1]
     assert "--worker=all" in run and "ada.runner" in run
     assert "configs/qwen25_math_7b.py:ada_balance" in run and "train.steps=10" in run
-    assert "gs://bucket/run" in text
+    assert "/mnt/shared/run" in text
 
 
 def test_git_repo_mode_and_errors(tmp_path):
     r, _ = _run(["--dry-run", "--name", "a", "--zone", "z", "--type", "v5litepod-8", "--repo",
                  "https://example.com/ada.git", "--", "--config", "configs/default.py", "--workdir",
-                 "gs://b/r"], tmp_path)
+                 "/mnt/shared/r"], tmp_path)
     assert r.returncode == 0 and "git clone" in r.stdout and " scp " not in r.stdout
     r, marker = _run(["--name", "a"], tmp_path)
     assert r.returncode == 2 and "missing --zone --type" in r.stderr and not marker.exists()

@@ -1,6 +1,5 @@
 """Metric writers: JSONL content, resume truncation, TensorBoard events, plots, process 0 only."""
 
-import json
 import os
 
 import numpy as np

@@ -94,7 +94,7 @@ def test_two_processes_match_one(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, (_, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs, strict=False):
         assert p.returncode == 0, err[-3000:]
 
     rows_s = read_jsonl(os.path.join(single, "metrics.jsonl"))
@@ -103,7 +103,7 @@ def test_two_processes_match_one(tmp_path):
     # step 1: process 0's easy prompts all exited in round 1; process 1 kept sampling
     assert rows_m[1]["rounds_per_process"][0] == 1 and rows_m[1]["rounds_per_process"][1] > 1
     assert rows_s[1]["rounds_per_process"] == [max(rows_m[1]["rounds_per_process"])]
-    for a, b in zip(rows_s[1:], rows_m[1:]):
+    for a, b in zip(rows_s[1:], rows_m[1:], strict=False):
         for k in ("reward_mean", "zero_variance_share", "samples_per_prompt", "samples",
                   "active_prompts_per_round", "exited_share"):
             assert a[k] == b[k], (k, a[k], b[k])

@@ -41,7 +41,7 @@ ROWS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": i % 3
 def tiny(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("tfds")
     features = tfds.features.FeaturesDict({
-        "question": tfds.features.Text(), "answer": tfds.features.Text(), 
+        "question": tfds.features.Text(), "answer": tfds.features.Text(),
         "level": tfds.features.Scalar(dtype=np.int64)})
     bad = [{"question": "Empty gold?", "answer": "", "level": 0},
            {"question": "Fine.", "answer": "1", "level": 0}]

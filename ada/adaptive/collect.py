@@ -355,7 +355,7 @@ class Collector:
         idx = np.asarray(idx)
         gv = np.asarray(st["group_valid"])
         P = pool.num_prompts
-        comps = [[pool.completions[p][int(i)] if v else None for i, v in zip(idx[p], gv[p])]
+        comps = [[pool.completions[p][int(i)] if v else None for i, v in zip(idx[p], gv[p], strict=False)]
                  for p in range(P)]
         rewards_pxn = np.where(gv, np.take_along_axis(pool.rewards, np.maximum(idx, 0), 1), 0.0)
         samples = pool.dispatched.copy()
