@@ -8,7 +8,7 @@ so the held-out split tests the algorithm, not memorised facts). A short supervi
 start (cached, ~1.5 min once) gives a policy that is right ~14% of the time at
 temperature 1 but often has the answer within reach (pass@8 ~0.6): at n=4 most GRPO groups
 start all-wrong, the regime adaptive sampling is for, and RL sharpening generalises to the
-held-out split. Measured choices (docs/default_run.md): with 16 prompts per step or
+held-out split. Measured choices (docs/results.md): with 16 prompts per step or
 lr >= 3e-4 the held-out accuracy stays flat or falls (Adam's sign-like first steps swamp
 the signal); 64 prompts per step at lr 1e-4 rises steadily.
 """

@@ -273,7 +273,13 @@ class Driver:
         return ("length", len(s.tokens), None)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+        """Text of the ids the tokenizer knows. A model whose embedding is padded past the
+        tokenizer (Qwen: to a multiple of 128) can sample the padding ids; they are no text,
+        and must not crash a collection."""
+        if self.tokenizer is None:
+            return ""
+        n = getattr(self.tokenizer, "vocab_size", None)
+        return self.tokenizer.decode([i for i in ids if n is None or 0 <= i < n])
 
     def _check_stop(self, s: _Slot, n_new: int):
         """Find a stop string in the text of this chunk's new tokens (host side)."""
