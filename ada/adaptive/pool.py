@@ -80,7 +80,11 @@ def moments(count, s1, s2, shift):
     c = xp.maximum(count, 1).astype(s1.dtype)
     mean_d = s1 / c
     var = (s2 - s1 * mean_d) / xp.maximum(c - 1, 1)
-    std = xp.sqrt(xp.maximum(var, 0))
+    # A uniform pool (all 0 or all 1: the common case) has var exactly 0, but s2 - s1^2/c
+    # leaves rounding noise of order eps * s2 / c; below that resolution call it 0, so the
+    # std clamp (and not noise) decides the advantage scale.
+    noise = 16 * float(np.finfo(s1.dtype).eps) * s2 / c
+    std = xp.sqrt(xp.where(var > noise, var, 0.0))
     many = count > 1
     return xp.where(many, shift + mean_d, 0.0), xp.where(many, std, 1.0)
 
