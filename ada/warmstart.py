@@ -107,8 +107,11 @@ def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]
             return params, {"cached": True, "path": path, "loss": meta.get("loss")}
         except Exception as e:  # a corrupt cache entry is recomputed, never trusted
             log.warning("warm-start cache %s unreadable (%s); recomputing", path, e)
+    log.info("warm start: %d supervised steps on %d examples (runs once; cached in %s)",
+             steps, len(examples), path)
     params, loss = supervised_train(template, model_cfg, examples, steps=steps,
-                                    batch_size=batch_size, lr=lr, seed=seed, pad_id=pad_id)
+                                    batch_size=batch_size, lr=lr, seed=seed, pad_id=pad_id,
+                                    log_every=max(steps // 5, 1))
     params = jax.device_get(params)
     if jax.process_index() == 0:
         tmp = path + f".tmp{os.getpid()}"
