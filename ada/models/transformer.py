@@ -373,46 +373,6 @@ def forward(
     return project_logits(params, config, x), new_cache
 
 
-def unstack_layers(params: Params) -> Params:
-    """The decode layout: `layers` as a tuple of L per-layer dicts (static slices of the
-    stacked tensors). `decode_forward` runs it as a Python loop; every other function
-    takes the stacked layout."""
-    layers = params["layers"]
-    if not isinstance(layers, dict):
-        return params
-    L = next(iter(layers.values())).shape[0]
-    return {**params, "layers": tuple({n: w[i] for n, w in layers.items()} for i in range(L))}
-
-
-def decode_forward(params: Params, config: ModelConfig, tokens_BxT, positions_BxT, mask_BxT,
-                   cache: KVCache):
-    """`forward(params, config, tokens, positions, mask, cache)` for decode, same math.
-
-    The layers run as an unrolled Python loop (params stacked or `unstack_layers`-ed) with
-    static layer indices, so each layer's cache slice is read in place instead of copied
-    out of a scan carry (~1/3 of a CPU decode step at S=96). Compile time grows with depth,
-    so it is meant for T=1 steps; prefill and training keep the scan.
-    """
-    c = config
-    params = unstack_layers(params)
-    B, T = tokens_BxT.shape
-    mask_BxT = mask_BxT.astype(bool)
-    start = cache.end
-    S = cache.max_len
-    new_valid = _write_rows(cache.valid, mask_BxT, start)
-    q_idx_BxT = start[:, None] + jnp.arange(T)[None, :]
-    allowed = new_valid[:, None, :] & (jnp.arange(S)[None, None, :] <= q_idx_BxT[:, :, None])
-    ctx = {"positions": positions_BxT, "inv_freq": rope_inv_freq(c), "allowed": allowed,
-           "start": start}
-    x = params["embed"].astype(c.compute_dtype)[tokens_BxT]
-    k_all, v_all = cache.k, cache.v
-    for idx, layer in enumerate(params["layers"]):
-        x, (k_all, v_all) = _block(x, layer, (idx, k_all, v_all), ctx, c)
-    new_cache = KVCache(k=k_all, v=v_all, valid=new_valid, end=cache.end + T)
-    x = rms_norm(x, params["final_norm"].astype(c.compute_dtype), c.rms_norm_eps)
-    return project_logits(params, config, x), new_cache
-
-
 def unembedding(params: Params, config: ModelConfig) -> jax.Array:
     """The [D, V] output projection (the transposed embedding when tied)."""
     return params["embed"].T if config.tie_embeddings else params["lm_head"]

@@ -45,12 +45,10 @@ from jax.sharding import Mesh, NamedSharding
 from ada.models.transformer import (
     KVCache,
     ModelConfig,
-    decode_forward,
     forward,
     init_cache,
     positions_from_mask,
     project_logits,
-    unstack_layers,
 )
 from ada.sampling.samplers import SamplingConfig, sample
 
@@ -197,7 +195,7 @@ def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
     is_eos = (jnp.isin(tokens_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids
               else jnp.zeros_like(valid_B))
     active = valid_B & ~is_eos & (generated < state.max_new)
-    logits, cache = decode_forward(
+    logits, cache = forward(
         params, config, tokens_B[:, None], state.positions[:, None], valid_B[:, None],
         state.cache,
     )
@@ -216,12 +214,7 @@ def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
 def generate_fn(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
                 eos_ids: tuple[int, ...], num_steps: int, num_slots: int,
                 constrain=None) -> tuple[DecodeState, Chunk]:
-    """K = num_steps decode steps for the first num_slots slots under lax.scan.
-
-    `params` stacked or `unstack_layers`-ed; stacked ones are sliced once here, outside
-    the step loop (the Engine keeps an unstacked copy so even that copy is not per chunk).
-    """
-    params = unstack_layers(params)
+    """K = num_steps decode steps for the first num_slots slots under lax.scan."""
     part = _take_rows(state, num_slots) if num_slots < state.active.shape[0] else state
 
     def body(s, _):
@@ -314,8 +307,6 @@ class Engine:
                               constrain=self._constrain if mesh is not None else None),
             static_argnames=("num_steps", "num_slots"), donate_argnums=(1,))
         self._request_key = jax.jit(request_key)
-        self._unstack = jax.jit(unstack_layers)
-        self._decode_params_of: tuple = ()  # (stacked leaves, their unstacked copy)
 
     # -- sharding ------------------------------------------------------------
 
@@ -438,28 +429,7 @@ class Engine:
         K = self.chunk_size if num_steps is None else int(num_steps)
         b = bucket_for(self.num_slots if num_slots is None else max(1, num_slots),
                        self.slot_buckets)
-        return self._generate(self.decode_params(params), state, num_steps=K, num_slots=b)
-
-    def decode_params(self, params):
-        """`params` in the decode layout (per-layer tensors, `unstack_layers`), cached for
-        the last params seen.
-
-        The decode step loops over layers in Python (`decode_forward`); slicing a stacked
-        layer per step would copy it every step. The price is one extra copy of the params
-        held here (and a reference to the stacked ones, so a cache hit is by identity),
-        until params with other arrays come in (e.g. after a training step).
-        """
-        if not isinstance(params["layers"], dict):
-            return params
-        leaves = jax.tree_util.tree_leaves(params)
-        if self._decode_params_of:
-            old, unstacked = self._decode_params_of
-            if len(old) == len(leaves) and all(a is b for a, b in zip(old, leaves, strict=True)):
-                return unstacked
-        self._decode_params_of = ()  # drop the old copy before making the new one
-        unstacked = self._unstack(params)
-        self._decode_params_of = (leaves, unstacked)
-        return unstacked
+        return self._generate(params, state, num_steps=K, num_slots=b)
 
     def move(self, state: DecodeState, src: int, dst: int) -> DecodeState:
         return self._move(state, jnp.int32(src), jnp.int32(dst))
@@ -467,7 +437,7 @@ class Engine:
     def compiles(self) -> dict[str, int]:
         """Compilations made so far, per function (jit's own cache sizes)."""
         out = {}
-        for name in ("prefill", "insert", "move", "generate", "unstack"):
+        for name in ("prefill", "insert", "move", "generate"):
             fn = getattr(self, f"_{name}")
             out[name] = int(fn._cache_size())
         return out
@@ -476,7 +446,7 @@ class Engine:
         """How many shape buckets each function can see (the bound on its compiles)."""
         return {"prefill": len(self.prompt_buckets) * len(self.row_buckets),
                 "insert": len(self.prompt_buckets) * len(self.row_buckets),
-                "move": 1, "generate": len(self.slot_buckets), "unstack": 1}
+                "move": 1, "generate": len(self.slot_buckets)}
 
 
 def cache_bytes(config: ModelConfig, num_slots: int, cache_len: int) -> int:
