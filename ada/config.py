@@ -205,11 +205,24 @@ def parse_override_args(argv: Iterable[str]) -> tuple[list[tuple[str, str]], lis
     return overrides, rest
 
 
+def normalize_std_for(method: str) -> bool:
+    """As in the official scripts: GRPO (and DAPO) divide the advantage by the group std;
+    Reinforce-Ada uses global statistics without (norm_adv_by_std_in_grpo=False)."""
+    return method in ("grpo", "dapo")
+
+
 def build_config(spec: str, overrides: Sequence[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
-    """Load a config file and apply overrides (in order)."""
+    """Load a config file and apply overrides (in order).
+
+    `--config.method=X` (e.g. from a sweep) also sets the method's advantage normalisation,
+    exactly as the `:X` config argument does, unless adaptive.normalize_std is overridden too.
+    """
     config = load_config(spec)
     for key, value in overrides:
         apply_override(config, key, value)
+    keys = {key for key, _ in overrides}
+    if "method" in keys and "adaptive.normalize_std" not in keys:
+        config.adaptive.normalize_std = normalize_std_for(config.method)
     return config
 
 
@@ -327,6 +340,9 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     need(o.mini_batches >= 1 and o.micro_batches >= 1 and d.prompts_per_step * a.n % splits == 0,
          f"optim.mini_batches*micro_batches={splits} must divide prompts_per_step*n="
          f"{d.prompts_per_step * a.n}")
+    need(o.mini_batches < 1 or d.prompts_per_step % o.mini_batches == 0,
+         f"optim.mini_batches={o.mini_batches} must divide data.prompts_per_step="
+         f"{d.prompts_per_step} (each mini-batch holds whole prompts)")
     need(config.train.steps >= 1, f"train.steps={config.train.steps} must be >= 1")
     s = config.sampling
     need(s.temperature >= 0, f"sampling.temperature={s.temperature} must be >= 0")

@@ -198,9 +198,28 @@ def make_mesh(config):
 # ----------------------------------------------------------------------------- batches
 
 
+def minibatch_row_order(P: int, n: int, mini_batches: int) -> np.ndarray:
+    """Row order under which the train step's strided split (row i -> mini-batch i % K) gives
+    every mini-batch whole prompts: all n responses of a prompt update together, as in verl.
+
+    Without it, prompt-major rows put member j of every prompt into mini-batch j when K = n,
+    and selection lists positives first, so each optimizer update would see one sign only.
+    """
+    K = mini_batches
+    if K <= 1:
+        return np.arange(P * n)
+    if P % K:
+        raise ConfigError(f"{P} prompts per process do not split into optim.mini_batches={K} "
+                          "mini-batches of whole prompts; make data.prompts_per_step / processes "
+                          "a multiple of optim.mini_batches")
+    per_mini = [[p * n + j for p in range(k, P, K) for j in range(n)] for k in range(K)]
+    return np.array([per_mini[i % K][i // K] for i in range(P * n)])
+
+
 def build_train_batch(collected, prompt_len: int, response_len: int, pad_id: int,
-                      advantages_PxN) -> dict[str, np.ndarray]:
-    """[P, n] selected responses -> a [P*n, T] batch (prompt left-padded, response right)."""
+                      advantages_PxN, mini_batches: int = 1) -> dict[str, np.ndarray]:
+    """[P, n] selected responses -> a [P*n, T] batch (prompt left-padded, response right),
+    rows ordered so that each PPO mini-batch holds whole prompts (`minibatch_row_order`)."""
     from ada.models.transformer import positions_from_mask
 
     P, n = collected.group_valid.shape
@@ -224,9 +243,11 @@ def build_train_batch(collected, prompt_len: int, response_len: int, pad_id: int
             mask[b, prompt_len: prompt_len + len(resp)] = True
             rmask[b, prompt_len: prompt_len + len(resp)] = 1.0
             adv[b] = advantages_PxN[p, j]
-    positions = np.asarray(positions_from_mask(mask))
-    return {"tokens": tokens, "positions": positions.astype(np.int32), "mask": mask,
-            "response_mask": rmask, "advantages": adv}
+    positions = np.asarray(positions_from_mask(mask)).astype(np.int32)
+    order = minibatch_row_order(P, n, mini_batches)
+    batch = {"tokens": tokens, "positions": positions, "mask": mask, "response_mask": rmask,
+             "advantages": adv}
+    return {k: v[order] for k, v in batch.items()}
 
 
 # ----------------------------------------------------------------------------- the run
@@ -399,23 +420,22 @@ class Run:
             return self._collect(state, prompts, key)
 
     def _collect(self, state, prompts, key):
+        import itertools
+
         import jax
 
         from ada.sampling.driver import Request
 
         driver = self._driver(self.engine, self.local_params(state), jax.random.fold_in(key, 0))
-        offset = self.pidx * len(prompts)  # the global prompt id of row 0 on this process
-
-        def generate(reqs):
-            dreqs = [Request(prompt_tokens=r.prompt["prompt_tokens"], prompt_id=offset + r.prompt_id,
-                             sample_idx=r.sample_idx) for r in reqs]
-            outs = driver.generate_all(dreqs)
-            for c, r in zip(outs, reqs, strict=True):
-                c.prompt_id = r.prompt_id  # back to the collector's row numbering
-            return outs
-
-        collector = self.Collector(self.collect_cfg, self.task.reward, generate=generate)
-        more = self.iterator if self.config.method == "dapo" else None
+        # Engine-facing prompt ids are global (this process's first prompt is pidx * P), so
+        # sampling keys differ across processes; the collector maps completions back to rows.
+        collector = self.Collector(
+            self.collect_cfg, self.task.reward, driver=driver,
+            make_request=lambda r: Request(prompt_tokens=r.prompt["prompt_tokens"],
+                                           prompt_id=r.prompt_id, sample_idx=r.sample_idx),
+            prompt_id_offset=self.pidx * len(prompts))
+        # DAPO draws further prompts one by one from the batch iterator.
+        more = itertools.chain.from_iterable(self.iterator) if self.config.method == "dapo" else None
         return collector.collect(prompts, jax.random.fold_in(key, 1), more_prompts=more)
 
     def evaluate(self, state, step: int) -> dict:
@@ -509,7 +529,7 @@ def step_metrics(collected, train_m: dict, pcount: int) -> dict:
     kept_r = np.where(collected.group_valid, collected.rewards, 0.0)
     zero_var = (~collected.mixed).astype(np.int64)
     rounds = collected.rounds
-    R = 8
+    R = 64  # rounds recorded per step (a collection has max_rounds, DAPO a few batches of them)
     active = np.zeros(R, np.int64)
     for rd in rounds:
         if rd.get("round", 0) < R:
@@ -596,7 +616,7 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
             stats_from="pool" if c.method.startswith("ada") else "group",
             norm_by_std=c.adaptive.normalize_std))
         batch = build_train_batch(collected, run.prompt_len, c.sampling.max_new_tokens,
-                                  run.tokenizer.pad_id, adv)
+                                  run.tokenizer.pad_id, adv, c.optim.mini_batches)
         batch = run.fns.shard_batch(batch) if run.mesh is None else _to_global(batch, run.mesh)
         if not run.train_cfg.on_policy:
             batch = run.fns.recompute_old_logp(state, batch)
@@ -768,6 +788,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_config:
             print(config)
             return 0
+        if not args.workdir:
+            raise ConfigError("no output directory; pass --workdir DIR (e.g. --workdir runs/default)")
         cfglib.validate(config, args.workdir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from ada.config import normalize_std_for
+
 METHODS = ("grpo", "ada_pos", "ada_balance", "dapo")
 
 
@@ -127,9 +129,7 @@ def set_method(c: ml_collections.ConfigDict, method: str | None) -> ml_collectio
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
     c.method = method
-    # As in the official scripts: GRPO divides by the group std, Reinforce-Ada does not
-    # (norm_adv_by_std_in_grpo=False with global statistics).
-    c.adaptive.normalize_std = method in ("grpo", "dapo")
+    c.adaptive.normalize_std = normalize_std_for(method)
     return c
 
 

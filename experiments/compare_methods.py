@@ -114,7 +114,9 @@ def plot(runs: dict[str, list[list[dict]]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("reward_mean", "step"), ("eval_accuracy", "step"), ("eval_accuracy", "samples_total"),
+    # pool_reward_mean (share positive over everything drawn) compares methods; reward_mean is
+    # over the kept group, which balanced down-sampling pins near 0.5 for Ada-balance.
+    panels = [("pool_reward_mean", "step"), ("eval_accuracy", "step"), ("eval_accuracy", "samples_total"),
               ("zero_variance_share", "step"), ("samples_per_prompt", "step")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
     for ax, (key, x) in zip(axes, panels, strict=True):

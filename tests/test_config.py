@@ -128,3 +128,12 @@ def test_cli_one_line_errors(tmp_path):
         assert r.returncode == 2, r.stderr
         lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
         assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_method_override_sets_its_advantage_normalisation():
+    """--config.method=grpo (what sweeps pass) must equal the :grpo config argument."""
+    by_arg = C.build_config(DEFAULT + ":grpo")
+    by_override = C.build_config(DEFAULT, [("method", "grpo")])
+    assert by_override.adaptive.normalize_std == by_arg.adaptive.normalize_std is True
+    kept = C.build_config(DEFAULT, [("method", "grpo"), ("adaptive.normalize_std", "false")])
+    assert kept.adaptive.normalize_std is False

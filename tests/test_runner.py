@@ -108,3 +108,43 @@ def test_end_to_end_and_exact_resume_after_sigkill(tmp_path, cache):
     assert ma["data"] == mb["data"] and ma["sampler"] == mb["sampler"]
     run_cfg = json.load(open(os.path.join(wd, "config.json")))
     assert run_cfg["method"] == "ada_balance"
+
+
+@pytest.mark.parametrize("method, extra", [
+    ("dapo", [("adaptive.dapo_max_batches", "3")]),
+    ("ada_balance", [("adaptive.scheduler", "continuous")]),
+])
+def test_dapo_and_continuous_scheduler_run_end_to_end(tmp_path, cache, method, extra):
+    """The runner drives DAPO (drawing extra prompts one by one) and the continuous
+    scheduler (through the slot driver); samples count every response drawn."""
+    from ada import runner
+
+    ov = [*tiny_overrides(cache), ("train.steps", "2"), ("eval.every", "0"), ("method", method),
+          *extra]
+    cfg = C.build_config(DEFAULT, ov)
+    C.validate(cfg, str(tmp_path))
+    assert runner.train(cfg, str(tmp_path))["steps"] == 2
+    rows = read_jsonl(str(tmp_path / "metrics.jsonl"))[1:]
+    P, n = cfg.data.prompts_per_step, cfg.adaptive.n
+    budget = cfg.adaptive.samples_per_round * cfg.adaptive.max_rounds
+    for r in rows:
+        if method == "dapo":  # n per drawn prompt, the dropped prompts' responses included
+            assert r["samples"] % n == 0 and P * n <= r["samples"] <= 3 * P * n, r["samples"]
+        else:  # balance exits need >= n responses; the cap is M x N
+            assert P * n <= r["samples"] <= P * budget, r["samples"]
+
+
+def test_minibatch_row_order_puts_whole_prompts_in_each_minibatch():
+    from ada.runner import minibatch_row_order
+
+    P, n, K = 8, 4, 4
+    order = minibatch_row_order(P, n, K)
+    assert sorted(order) == list(range(P * n))
+    for k in range(K):
+        rows = order[k::K]  # what the train step's strided split gives mini-batch k
+        prompts = {int(r) // n for r in rows}
+        assert len(rows) == len(prompts) * n  # all n responses of each prompt, nothing else
+        assert all({p * n + j for j in range(n)} <= set(rows.tolist()) for p in prompts)
+    np.testing.assert_array_equal(minibatch_row_order(P, n, 1), np.arange(P * n))
+    with pytest.raises(C.ConfigError, match="mini_batches"):
+        minibatch_row_order(6, n, 4)
