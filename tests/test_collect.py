@@ -244,3 +244,43 @@ def test_dispatch_policy_prefers_uncovered_then_least_loaded():
 def test_request_echoes_ids():
     r = Request(3, 5, "p")
     assert (r.prompt_id, r.sample_idx, r.prompt) == (3, 5, "p")
+
+
+class _BatchReward:
+    """A reward with a batch form: records calls; item i of a batch can be made to fail."""
+
+    def __init__(self, fail_batch=False):
+        self.batch_calls, self.item_calls, self.fail_batch = [], 0, fail_batch
+
+    def __call__(self, prompt, text):
+        self.item_calls += 1
+        return sim_reward(prompt, text)
+
+    def score_batch(self, prompts, texts):
+        self.batch_calls.append(len(texts))
+        if self.fail_batch:
+            raise RuntimeError("verifier pool died")
+        out = [sim_reward(p, t) for p, t in zip(prompts, texts, strict=True)]
+        out[0] = float("nan")  # one bad score: counted, scored 0, the rest kept
+        return out
+
+
+@pytest.mark.parametrize("scheduler", ["rounds", "continuous"])
+def test_batch_reward_scores_each_round_in_one_call(prompts, scheduler):
+    """A reward_fn with score_batch is called once per round (per driver step when
+    continuous) instead of once per response; a failing batch call falls back to per-item
+    scoring, so the result equals the plain reward's."""
+    cfg = method_config("ada_balance", scheduler=scheduler)
+    pol = SimulatedPolicy(seed=2)
+    plain = Collector(cfg, sim_reward, driver=SimulatedDriver(pol, 16)).collect(
+        prompts, jax.random.key(0))
+    rw = _BatchReward()
+    got = Collector(cfg, rw, driver=SimulatedDriver(pol, 16)).collect(prompts, jax.random.key(0))
+    assert rw.item_calls == 0 and len(rw.batch_calls) == got.metrics["reward_failures"] >= 1
+    assert sum(rw.batch_calls) == int(got.samples.sum())
+    fallback = _BatchReward(fail_batch=True)
+    again = Collector(cfg, fallback, driver=SimulatedDriver(pol, 16)).collect(
+        prompts, jax.random.key(0))
+    assert fallback.item_calls == int(again.samples.sum())
+    np.testing.assert_array_equal(again.rewards, plain.rewards)
+    np.testing.assert_array_equal(again.sample_idx, plain.sample_idx)

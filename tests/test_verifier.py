@@ -338,3 +338,15 @@ def test_pool_survives_a_worker_that_dies():
         assert [o[0] for o in out] == ["error", "error"]
         assert "died" in out[0][1]
         assert pool.stats.restarts == 2 and pool.stats.errors == 2
+
+
+def test_math_reward_batch_form_equals_one_at_a_time():
+    """The Collector's batch path (math_reward.score_batch, a parallel pool) gives the same
+    rewards as the per-response math_reward."""
+    from ada.rewards.math_verifier import math_reward
+
+    records = [{"answer": "\\frac{1}{2}"}, {"answer": "3"}, {"answer": "(1,2)"}, {"answer": "7"}]
+    texts = ["so it is \\boxed{0.5}", "the answer is 4", "\\boxed{(1, 2)}", "#### 7"]
+    one = [math_reward(r, t) for r, t in zip(records, texts, strict=True)]
+    assert one == [1.0, 0.0, 1.0, 1.0]
+    np.testing.assert_array_equal(math_reward.score_batch(records, texts), one)

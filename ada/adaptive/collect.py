@@ -258,26 +258,54 @@ class Collector:
 
     # ------------------------------------------------------------------ internals
 
-    def _score(self, prompt, completion) -> tuple[float, bool]:
+    def _checked(self, value) -> tuple[float, bool]:
+        """(score, failed): a None, NaN, inf or non-number scores `failure_score`."""
         try:
-            r = self.reward_fn(prompt, completion.text if self.reward_input == "text"
-                               else completion)
-            r = float(r)  # None -> TypeError
-        except Exception:  # noqa: BLE001 - a bad reward must not kill the batch
+            r = float(value)  # None -> TypeError
+        except (TypeError, ValueError):
             return self.config.failure_score, True
         if not math.isfinite(r):
             return self.config.failure_score, True
         return r, False
 
-    def _ingest(self, pool: Pool, prompts, offset, completion, counters) -> tuple[int, float]:
-        p = int(completion.prompt_id) - offset
-        if not 0 <= p < pool.num_prompts:
-            raise ValueError(f"completion has prompt_id={completion.prompt_id}, not a request "
-                             f"of this collection (rows {offset}..{offset + pool.num_prompts - 1})")
-        r, failed = self._score(prompts[p], completion)
-        counters["reward_failures"] += int(failed)
-        pool.add(p, int(completion.sample_idx), r, completion)
-        return p, r
+    def _score(self, prompt, completion) -> tuple[float, bool]:
+        try:
+            value = self.reward_fn(prompt, completion.text if self.reward_input == "text"
+                                   else completion)
+        except Exception:  # noqa: BLE001 - a bad reward must not kill the batch
+            return self.config.failure_score, True
+        return self._checked(value)
+
+    def _score_many(self, records, completions) -> list[tuple[float, bool]]:
+        """Scores of a round's (or a driver step's) completions. A reward_fn with a
+        `score_batch(records, inputs)` attribute (e.g. `math_reward`, which fans out over a
+        process pool) is called once for all of them; if that call fails, each is scored
+        alone so one bad response cannot zero the others."""
+        batch = getattr(self.reward_fn, "score_batch", None)
+        if batch is not None and completions:
+            inputs = [c.text if self.reward_input == "text" else c for c in completions]
+            try:
+                values = list(batch(records, inputs))
+            except Exception:  # noqa: BLE001
+                values = None
+            if values is not None and len(values) == len(inputs):
+                return [self._checked(v) for v in values]
+        return [self._score(rec, c) for rec, c in zip(records, completions, strict=True)]
+
+    def _ingest(self, pool: Pool, prompts, offset, completions, counters) -> list[tuple[int, float]]:
+        """Score completions and add them to the pool; returns (row, reward) per completion."""
+        rows = []
+        for c in completions:
+            p = int(c.prompt_id) - offset
+            if not 0 <= p < pool.num_prompts:
+                raise ValueError(f"completion has prompt_id={c.prompt_id}, not a request of this "
+                                 f"collection (rows {offset}..{offset + pool.num_prompts - 1})")
+            rows.append(p)
+        scored = self._score_many([prompts[p] for p in rows], completions)
+        for p, c, (r, failed) in zip(rows, completions, scored, strict=True):
+            counters["reward_failures"] += int(failed)
+            pool.add(p, int(c.sample_idx), r, c)
+        return [(p, r) for p, (r, _) in zip(rows, scored, strict=True)]
 
     def _done(self, pool: Pool):
         s = pool.stats
@@ -308,7 +336,7 @@ class Collector:
             if len(completions) != len(reqs):
                 raise RuntimeError(f"generate returned {len(completions)} completions for "
                                    f"{len(reqs)} requests; it must answer every request")
-            rewards = [self._ingest(pool, prompts, offset, c, counters)[1] for c in completions]
+            rewards = [r for _, r in self._ingest(pool, prompts, offset, completions, counters)]
             newly = self._done(pool) & ~done
             done |= newly
             out.append(dict(round=r, active_prompts=int(active.size), completed=int(newly.sum()),
@@ -333,8 +361,7 @@ class Collector:
                                        "requests; is another client using it?")
                 break  # nothing in flight and no prompt eligible: every prompt done or spent
             steps += 1
-            for c in drv.step():
-                p, r = self._ingest(pool, prompts, offset, c, counters)
+            for p, r in self._ingest(pool, prompts, offset, drv.step(), counters):
                 rewards.append(r)
                 if done[p]:
                     counters["late_samples"] += 1
