@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.util
+import json
 import os
 import shlex
 import sys
@@ -203,6 +204,15 @@ def parse_override_args(argv: Iterable[str]) -> tuple[list[tuple[str, str]], lis
             rest.append(a)
         i += 1
     return overrides, rest
+
+
+def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+    """The resolved config a run saved in its directory (`WORKDIR/config.json`)."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found; is {workdir} a run directory?")
+    with open(path) as f:
+        return ml_collections.ConfigDict(json.load(f))
 
 
 def normalize_std_for(method: str) -> bool:

@@ -369,26 +369,25 @@ class Run:
             from ada import sharding as shd
 
             local_mesh = shd.make_mesh((1, 1, 1), devices=jax.local_devices()[:1])
-        self.engine = Engine(self.model_cfg, num_slots=s.num_slots, max_prompt_len=self.prompt_len,
-                             max_new_tokens=s.max_new_tokens,
-                             sampling=SamplingConfig(temperature=s.temperature, top_k=s.top_k,
-                                                     top_p=s.top_p),
-                             eos_ids=eos, chunk_size=s.chunk_size, mesh=local_mesh,
-                             slot_bucketing=s.slot_bucketing, max_prefill_rows=s.max_prefill_rows,
-                             min_prompt_bucket=min(16, self.prompt_len))
-        self.prompt_len = self.engine.max_prompt_len
+        prompt_len = self.prompt_len
+
+        def make_engine(temperature: float, max_new_tokens: int) -> Engine:
+            return Engine(self.model_cfg, num_slots=s.num_slots, max_prompt_len=prompt_len,
+                          max_new_tokens=max_new_tokens,
+                          sampling=SamplingConfig(temperature=temperature, top_k=s.top_k,
+                                                  top_p=s.top_p),
+                          eos_ids=eos, chunk_size=s.chunk_size, mesh=local_mesh,
+                          slot_bucketing=s.slot_bucketing, max_prefill_rows=s.max_prefill_rows,
+                          min_prompt_bucket=min(16, prompt_len))
+
+        self.engine = make_engine(s.temperature, s.max_new_tokens)
+        self.prompt_len = prompt_len = self.engine.max_prompt_len  # the eval engine's too
         e = c.eval
         eval_new = e.max_new_tokens or s.max_new_tokens
         if e.temperature == s.temperature and eval_new == s.max_new_tokens:
             self.eval_engine = self.engine
         else:
-            self.eval_engine = Engine(self.model_cfg, num_slots=s.num_slots,
-                                      max_prompt_len=self.prompt_len, max_new_tokens=eval_new,
-                                      sampling=SamplingConfig(temperature=e.temperature, top_k=s.top_k,
-                                                              top_p=s.top_p),
-                                      eos_ids=eos, chunk_size=s.chunk_size, mesh=local_mesh,
-                             slot_bucketing=s.slot_bucketing, max_prefill_rows=s.max_prefill_rows,
-                                      min_prompt_bucket=min(16, self.prompt_len))
+            self.eval_engine = make_engine(e.temperature, eval_new)
         self.Collector = Collector
 
     def local_params(self, state):
@@ -694,12 +693,7 @@ def evaluate_cli(args) -> dict:
     from ada.checkpoint import Checkpointer
 
     if args.workdir:
-        path = os.path.join(args.workdir, "config.json")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path} not found; is {args.workdir} a run directory?")
-        import ml_collections
-
-        config = ml_collections.ConfigDict(json.load(open(path)))
+        config = cfglib.load_run_config(args.workdir)
     else:
         config = cfglib.load_config(args.config or "configs/default.py")
         if not args.model:

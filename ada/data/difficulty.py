@@ -215,16 +215,11 @@ def load_policy(args) -> Policy:
                       args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, f"model {args.model}")
     # A run directory: rebuild it as `python -m ada.evaluate --workdir` does (runner.Run
     # from its config.json), then take the params of its latest (or --step) checkpoint.
-    import ml_collections
-
     from ada import runner
     from ada.checkpoint import Checkpointer
+    from ada.config import load_run_config
 
-    path = os.path.join(args.workdir, "config.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found; is {args.workdir} a run directory?")
-    with open(path) as f:
-        config = ml_collections.ConfigDict(json.load(f))
+    config = load_run_config(args.workdir)
     ckpt = Checkpointer(os.path.join(args.workdir, "checkpoints"))
     steps = ckpt.all_steps()
     if args.step is not None and args.step not in steps:
