@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ada.sampling.samplers import SamplingConfig, sample, sampling_logprobs
+from ada.sampling.samplers import SamplingConfig, inverse_cdf, sample, sampling_logprobs
 
 LOGITS = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0, 0.75])
 
@@ -79,6 +79,30 @@ def test_a_row_does_not_depend_on_its_neighbours():
     for i in range(6):
         one, _ = sample(logits[i:i + 1], keys[i:i + 1], cfg)
         assert int(one[0]) == int(full[i])
+
+
+@pytest.mark.parametrize("vocab", [300, 1024, 8192])
+def test_inverse_cdf_equals_brute_force_search(vocab):
+    """The two-level lookup picks exactly the token a linear scan of the cumulative weights
+    picks. Integer weights (with zeros and a vocabulary that is not a multiple of the block)
+    keep every float32 sum exact, so the two must agree bit for bit."""
+    rng = np.random.default_rng(vocab)
+    B = 64
+    w = rng.integers(0, 64, (B, vocab)).astype(np.float32)
+    w[rng.random((B, vocab)) < 0.5] = 0.0  # many zero-weight tokens
+    w[:4] = 0.0
+    w[:4, [0, vocab - 1, vocab // 2, 7][:4]] = 1.0  # mass on a single token: edges of the range
+    w[0] = 0.0
+    w[0, vocab - 1] = 3.0  # only the last (padded block) token
+    u = rng.random(B).astype(np.float32)
+    u[1], u[2] = 0.0, np.nextafter(np.float32(1.0), np.float32(0.0))
+    got = np.asarray(jax.jit(inverse_cdf)(jnp.asarray(w), jnp.asarray(u)))
+    for b in range(B):
+        target = np.float32(u[b]) * np.float32(w[b].sum())
+        cdf = np.cumsum(w[b].astype(np.float64))
+        expect = next(i for i in range(vocab) if cdf[i] > target)  # the linear scan
+        assert got[b] == expect, (b, got[b], expect)
+        assert w[b, got[b]] > 0
 
 
 @pytest.mark.parametrize("kwargs,msg", [

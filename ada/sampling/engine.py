@@ -26,8 +26,9 @@ Shapes are bucketed: prompt length (powers of two from `min_prompt_bucket` to
 (powers of two up to `num_slots`). `Engine.compiles()` reports the compilations made (from
 jit's own caches, not an estimate).
 
-Decode cache layout: [L, B, S, K, Hd] with S = largest prompt bucket + max_new_tokens;
-a prompt of bucket P occupies entries [0, P) (left padded), generated tokens follow.
+Decode cache layout (ada.models.KVCache): keys [L, B, K, Hd, S], values [L, B, K, S, Hd],
+with S = largest prompt bucket + max_new_tokens; a prompt of bucket P occupies positions
+[0, P) (left padded), generated tokens follow.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from ada.sampling.samplers import SamplingConfig, sample
 class Prefix:
     """N prefilled prompts: a [N, P] cache and each row's next-token logits."""
 
-    cache: KVCache  # k/v [L, N, K, P, Hd]
+    cache: KVCache  # k [L, N, K, Hd, P], v [L, N, K, P, Hd]
     logits: jax.Array  # [N, V] float32
     lengths: jax.Array  # [N] int32: real prompt tokens (the first generated position)
 
@@ -66,7 +67,7 @@ class Prefix:
 class DecodeState:
     """Everything one decode step reads and writes, for B slots."""
 
-    cache: KVCache  # k/v [L, B, K, S, Hd]
+    cache: KVCache  # k [L, B, K, Hd, S], v [L, B, K, S, Hd]
     logits: jax.Array  # [B, V] float32: logits of the slot's next token
     positions: jax.Array  # [B] int32: RoPE position of the next token
     generated: jax.Array  # [B] int32: tokens generated so far
@@ -126,7 +127,7 @@ def insert_fn(prefix: Prefix, state: DecodeState, slot, row, key, max_new) -> De
     """Copy prefix row `row` into decode slot `slot` (traced ints: one compile per bucket)."""
     pc, sc = prefix.cache, state.cache
     Pl, S = pc.max_len, sc.max_len
-    k_row = jax.lax.dynamic_index_in_dim(pc.k, row, axis=1, keepdims=True)  # [L,1,K,P,Hd]
+    k_row = jax.lax.dynamic_index_in_dim(pc.k, row, axis=1, keepdims=True)  # [L,1,K,Hd,P]
     v_row = jax.lax.dynamic_index_in_dim(pc.v, row, axis=1, keepdims=True)
     k = jax.lax.dynamic_update_slice(sc.k, k_row.astype(sc.k.dtype), (0, slot, 0, 0, 0))
     v = jax.lax.dynamic_update_slice(sc.v, v_row.astype(sc.v.dtype), (0, slot, 0, 0, 0))
@@ -317,12 +318,14 @@ class Engine:
 
         assert self.mesh is not None
         c, B, S = self.config, self.num_slots, self.cache_len
-        kv = (c.num_layers, B, c.num_kv_heads, S, c.head_dim)
+        v_shape = (c.num_layers, B, c.num_kv_heads, S, c.head_dim)
+        k_shape = v_shape[:3] + (c.head_dim, S)
         ns = lambda logical, shape: NamedSharding(self.mesh, sharding.spec_for(logical, shape, self.mesh))
-        kv_spec = ns(("layers", "batch", "kv_heads", "seq", "head_dim"), kv)
+        k_spec = ns(("layers", "batch", "kv_heads", "head_dim", "seq"), k_shape)
+        v_spec = ns(("layers", "batch", "kv_heads", "seq", "head_dim"), v_shape)
         vec = ns(("batch",), (B,))
         return DecodeState(
-            cache=KVCache(k=kv_spec, v=kv_spec, valid=ns(("batch", "seq"), (B, S)), end=vec),
+            cache=KVCache(k=k_spec, v=v_spec, valid=ns(("batch", "seq"), (B, S)), end=vec),
             logits=ns(("batch", "vocab"), (B, c.vocab_size)), positions=vec, generated=vec,
             max_new=vec, active=vec, keys=ns(("batch", None), (B, 2)),
         )
