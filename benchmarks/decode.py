@@ -5,8 +5,9 @@
 Throughput: generated tokens per second for B prompts of 32 tokens, 64 new tokens each,
 sampling at temperature 1 with no early stop (no EOS; transformers with min_new_tokens =
 max_new_tokens, top_k=0), on the same weights (ada's random params written with save_hf
-and loaded by transformers), torch on CPU, after one warm-up run of each. ada's time
-includes prefill and the host-side driver.
+and loaded by transformers), torch on CPU. After a warm-up, the two run in turn for
+--repeats rounds and each one's median tok/s is reported (the ratio is of the medians; every
+round is in the JSON). ada's time includes prefill and the host-side driver.
 
 Occupancy: useful token-steps / computed token-steps of the driver on a mixed-length
 workload (many requests, max new tokens uniform in [4, 128], more requests than slots).
@@ -43,13 +44,16 @@ from ada.sampling.samplers import SamplingConfig  # noqa: E402
 PROMPT, NEW = 32, 64
 
 
-def ada_tokens_per_s(config, params, batch, chunk):
+def ada_runner(config, params, batch, chunk):
+    """A zero-argument function that generates B x NEW tokens and returns tok/s."""
     engine = Engine(config, num_slots=batch, max_prompt_len=PROMPT, max_new_tokens=NEW,
                     chunk_size=chunk, sampling=SamplingConfig(temperature=1.0),
                     slot_bucketing=False, max_prefill_rows=batch)
     rng = np.random.default_rng(0)
+    seeds = iter(range(1, 1 << 30))
 
-    def run(seed):
+    def run():
+        seed = next(seeds)
         reqs = [Request(rng.integers(0, config.vocab_size, PROMPT).tolist(), seed * 1000 + i, 0, NEW)
                 for i in range(batch)]
         driver = Driver(engine, params, step_key=seed)
@@ -59,24 +63,14 @@ def ada_tokens_per_s(config, params, batch, chunk):
         assert all(c.length == NEW for c in out)
         return batch * NEW / dt
 
-    run(0)  # compile
-    return max(run(1), run(2)), engine.compiles()
+    run()  # compile
+    return run, engine
 
 
-def hf_tokens_per_s(model, vocab, batch):
-    """Best of torch with all cores and with one thread (one thread is often faster for
-    small ops on a shared machine; the best keeps the comparison conservative)."""
-    import torch
-
-    best = 0.0
-    for threads in sorted({os.cpu_count() or 1, 1}, reverse=True):
-        torch.set_num_threads(threads)
-        best = max(best, _hf_run(model, vocab, batch))
-    torch.set_num_threads(os.cpu_count() or 1)
-    return best
-
-
-def _hf_run(model, vocab, batch):
+def hf_runner(model, vocab, batch):
+    """Like ada_runner for transformers `generate`. Torch runs with the thread count that
+    was faster in a warm-up (all cores or one: one is often faster for small ops on a
+    shared machine; taking the faster keeps the comparison conservative)."""
     import torch
 
     rng = np.random.default_rng(0)
@@ -85,7 +79,8 @@ def _hf_run(model, vocab, batch):
               top_p=1.0, max_new_tokens=NEW, min_new_tokens=NEW, eos_token_id=None,
               pad_token_id=0)
 
-    def run():
+    def run_with(threads):
+        torch.set_num_threads(threads)
         t = time.perf_counter()
         with torch.no_grad():
             out = model.generate(ids, **kw)
@@ -93,8 +88,22 @@ def _hf_run(model, vocab, batch):
         assert out.shape[1] == PROMPT + NEW
         return batch * NEW / dt
 
-    run()
-    return max(run(), run())
+    options = sorted({os.cpu_count() or 1, 1}, reverse=True)
+    for threads in options:
+        run_with(threads)  # warm up
+    best = max(options, key=run_with)
+    return lambda: run_with(best)
+
+
+def interleaved(runners: dict, repeats: int) -> dict:
+    """Run the contenders in turn, `repeats` rounds; each one's tok/s per round. On a
+    shared machine the load drifts: interleaving exposes both to the same drift, and the
+    median ignores the rounds a neighbour hit."""
+    out = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            out[name].append(run())
+    return out
 
 
 def occupancy(config, params, num_slots=32, n_requests=256, chunk=8):
@@ -128,6 +137,8 @@ def main(argv=None):
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per jitted chunk")
     ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument("--skip-hf", action="store_true", help="ada only (no transformers run)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="interleaved timed rounds per contender (the median is reported)")
     args = ap.parse_args(argv)
     presets = [p for p in args.presets.split(",") if p]
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -137,7 +148,7 @@ def main(argv=None):
 
     torch.set_num_threads(os.cpu_count() or 1)
     jax.config.update("jax_default_matmul_precision", "highest")
-    ada_tps, hf_tps, compiles = {}, {}, {}
+    ada_tps, hf_tps, compiles, rounds_log = {}, {}, {}, {}
     print(f"devices: {jax.devices()}; torch threads {torch.get_num_threads()}")
     print(f"{'preset':8s} {'batch':>5s} {'ada tok/s':>11s} {'hf tok/s':>10s} {'ratio':>6s}")
     for name in presets:
@@ -150,11 +161,16 @@ def main(argv=None):
                 model = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
         ada_tps[name], hf_tps[name], compiles[name] = {}, {}, {}
         for b in batches:
-            tps, comp = ada_tokens_per_s(config, params, b, args.chunk)
-            ada_tps[name][str(b)] = tps
-            compiles[name][str(b)] = comp
-            hf = hf_tokens_per_s(model, config.vocab_size, b) if model is not None else float("nan")
-            hf_tps[name][str(b)] = hf
+            run_ada, engine = ada_runner(config, params, b, args.chunk)
+            runners = {"ada": run_ada}
+            if model is not None:
+                runners["hf"] = hf_runner(model, config.vocab_size, b)
+            rounds = interleaved(runners, args.repeats)
+            tps = float(np.median(rounds["ada"]))
+            hf = float(np.median(rounds["hf"])) if model is not None else float("nan")
+            ada_tps[name][str(b)], hf_tps[name][str(b)] = tps, hf
+            compiles[name][str(b)] = engine.compiles()
+            rounds_log[f"{name}/{b}"] = rounds
             print(f"{name:8s} {b:5d} {tps:11.0f} {hf:10.0f} {tps / hf:6.2f}", flush=True)
 
     config = preset("tiny")
@@ -165,7 +181,8 @@ def main(argv=None):
           f"occupancy {stats['slot_occupancy']:.3f}, "
           f"compiles {stats['compiles']} (buckets {buckets}), "
           f"{stats['prefilled_prompts']} prompts prefilled for 64 prompts x 4 samples "
-          f"in {stats['prefill_calls']} calls")
+          f"in {stats['prefill_calls']} calls, mean attention window "
+          f"{stats['attention_window']:.2f} of the cache")
     print(f"cross-bucket agreement (crowd vs alone, 32 responses): {agreement:.3f}")
     ratio = None
     if "small" in ada_tps and "32" in ada_tps["small"]:
@@ -179,10 +196,12 @@ def main(argv=None):
         "transformers_tokens_per_s": hf_tps,
         "ratio_b32_small": ratio,
         "slot_occupancy": stats["slot_occupancy"],
+        "attention_window": stats["attention_window"],
         "compiles": {"throughput": compiles, "mixed_workload": stats["compiles"],
                      "mixed_workload_buckets": buckets},
         "cross_bucket_agreement": agreement,
         "chunk_size": args.chunk,
+        "rounds_tokens_per_s": rounds_log,
     }
     if args.json:
         with open(args.json, "w") as f:

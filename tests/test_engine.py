@@ -134,6 +134,10 @@ def test_continuous_batching_refills_without_recompiling(model, greedy_engine):
     assert [c.length for c in second] == lengths
     assert greedy_engine.compiles() == compiles
     assert driver.busy() == 0 and driver.free_slots() == greedy_engine.num_slots
+    # Short responses attend to the filled front of the cache, not all of it.
+    assert greedy_engine.window_buckets[-1] == greedy_engine.cache_len
+    assert len(greedy_engine.window_buckets) > 1
+    assert driver.stats()["attention_window"] < 1.0
 
 
 def test_prefix_is_prefilled_once_for_all_samples(model, sampler_engine):

@@ -173,6 +173,28 @@ def test_incremental_decode_equals_full_forward(model):
     assert diff2 <= DECODE_TOL, diff2
 
 
+def test_attention_window_equals_whole_cache(model):
+    """attend_len = the filled prefix (+ the new token) gives the whole-cache result (up to
+    summation order: a shorter reduction rounds differently in the last bits): the unread
+    tail holds nothing a query may see. A window past the cache is refused."""
+    config, params = model
+    tokens, mask, positions = left_padded(config.vocab_size)
+    T = tokens.shape[1]
+    _, cache = _decode(params, config, tokens[:, :-1], mask[:, :-1], positions[:, :-1],
+                       [T - 1], max_len=T + 20)
+    step = lambda **kw: forward(params, config, jnp.asarray(tokens[:, -1:]),  # noqa: E731
+                                jnp.asarray(positions[:, -1:]), jnp.asarray(mask[:, -1:]),
+                                cache, **kw)
+    whole, whole_cache = step()
+    windowed, windowed_cache = step(attend_len=T)
+    np.testing.assert_allclose(np.asarray(windowed), np.asarray(whole), atol=DECODE_TOL)
+    for a, b in zip(jax.tree_util.tree_leaves(windowed_cache),
+                    jax.tree_util.tree_leaves(whole_cache), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=DECODE_TOL)
+    with pytest.raises(ValueError, match="attend_len"):
+        step(attend_len=T + 21)
+
+
 def test_left_padding_is_invisible(model):
     config, params = model
     tokens, mask, positions = left_padded(config.vocab_size)

@@ -296,7 +296,8 @@ def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig):
         k_all = _scatter_layer(k_all, idx, k, ctx["start"], keys=True)
         v_all = _scatter_layer(v_all, idx, v, ctx["start"], keys=False)
         kv = (k_all, v_all)
-        keys, values = k_all[idx].astype(dt), v_all[idx].astype(dt)
+        W = ctx["attend_len"]  # attend to cache positions [0, W) only
+        keys, values = k_all[idx, ..., :W].astype(dt), v_all[idx, :, :, :W].astype(dt)
 
     attn = _attention(q, keys, values, ctx["allowed"], c)
     x_BxTxD = x_BxTxD + attn @ w["o"]
@@ -316,6 +317,7 @@ def forward(
     *,
     remat: bool = False,
     return_hidden: bool = False,
+    attend_len: int | None = None,
 ):
     """Run the model on T new tokens per row.
 
@@ -328,6 +330,11 @@ def forward(
       remat: rematerialise each block in the backward pass (saves activation memory).
       return_hidden: return the final normed hidden states [B, T, D] instead of logits (the
         training loss projects them in chunks so [B, T, V] never has to exist at once).
+      attend_len: with a cache, attend to cache positions [0, attend_len) only (static; the
+        decode engine's window buckets). Every row whose output matters must have its new
+        tokens inside the window (cache.end + T <= attend_len); the cache is written in
+        full either way. Decode attention is memory-bound in the cache length, so short
+        responses in a long cache then read only what they filled.
 
     Returns:
       (logits [B, T, V] float32 — or hidden states —, updated cache or None)
@@ -348,9 +355,13 @@ def forward(
         S = cache.max_len
         new_valid = _write_rows(cache.valid, mask_BxT, start)
         q_idx_BxT = start[:, None] + jnp.arange(T)[None, :]
-        allowed = new_valid[:, None, :] & (jnp.arange(S)[None, None, :] <= q_idx_BxT[:, :, None])
+        W = S if attend_len is None else attend_len
+        if not 0 < W <= S:
+            raise ValueError(f"attend_len={attend_len} must be in [1, cache length {S}]")
+        allowed = new_valid[:, None, :W] & (jnp.arange(W)[None, None, :] <= q_idx_BxT[:, :, None])
 
-    ctx = {"positions": positions_BxT, "inv_freq": inv_freq, "allowed": allowed, "start": start}
+    ctx = {"positions": positions_BxT, "inv_freq": inv_freq, "allowed": allowed, "start": start,
+           "attend_len": None if cache is None else W}
     x = params["embed"].astype(c.compute_dtype)[tokens_BxT]
 
     if cache is None:

@@ -7,7 +7,8 @@ The driver owns the decode state and a FIFO request queue. `step()` does one rou
      tokens), otherwise the new prompts are prefilled together, one call per
      prompt-length bucket (at most max_prefill_rows each), and inserted into their slots;
   2. one jitted chunk of K decode steps over the first b slots (b = the smallest slot
-     bucket holding every busy slot);
+     bucket holding every busy slot), attending to the smallest window bucket that holds
+     every busy slot's filled cache positions plus K;
   3. on the host: append each slot's valid tokens, look for stop strings in the new text,
      finish slots that hit EOS / max new tokens / a stop string, and free them;
   4. when the queue is empty, compact the busy slots downwards so the next chunk runs on a
@@ -69,6 +70,7 @@ class Completion:
 class _Slot:
     request: Request
     seq: int
+    filled: int  # cache positions this slot has written: its prompt bucket + tokens so far
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     text: str = ""
@@ -111,6 +113,7 @@ class Driver:
         self.useful_token_steps = 0
         self.computed_token_steps = 0
         self.chunks = 0
+        self.attended_positions = 0  # sum over chunks of the attention window
         self.prefills = 0
         self.prefilled_prompts = 0
 
@@ -189,6 +192,9 @@ class Driver:
             "useful_token_steps": self.useful_token_steps,
             "computed_token_steps": self.computed_token_steps,
             "chunks": self.chunks,
+            # the mean share of the cache a chunk attended to (window buckets, engine.py)
+            "attention_window": self.attended_positions / max(self.chunks, 1)
+            / self.engine.cache_len,
             "prefill_calls": self.prefills,
             "prefilled_prompts": self.prefilled_prompts,
             "compiles": self.engine.compiles(),
@@ -245,11 +251,14 @@ class Driver:
             mnt = self.engine.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
             self.state = self.engine.insert(prefix, self.state, slot, row=row, key=key,
                                             max_new_tokens=mnt)
-            self._slots[slot] = _Slot(request=r, seq=seq)
+            self._slots[slot] = _Slot(request=r, seq=seq, filled=prefix.cache.max_len)
 
     def _run_chunk(self) -> list[Completion]:
         b = bucket_for(max(self._slots) + 1, self.engine.slot_buckets)
-        self.state, chunk = self.engine.generate(self.params, self.state, num_slots=b)
+        filled = max(s.filled for s in self._slots.values())
+        self.state, chunk = self.engine.generate(self.params, self.state, num_slots=b,
+                                                 filled=filled)
+        self.attended_positions += self.engine.window_for(filled + self.engine.chunk_size)
         tokens, logprobs, valid, active = jax.device_get(
             (chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
         self.chunks += 1
@@ -258,6 +267,7 @@ class Driver:
         for slot in sorted(self._slots):
             s = self._slots[slot]
             keep = valid[slot]
+            s.filled += int(keep.sum())
             s.tokens.extend(tokens[slot][keep].tolist())
             s.logprobs.extend(logprobs[slot][keep].tolist())
             finished = self._check_stop(s, int(keep.sum())) or self._device_finish(s, active[slot])

@@ -187,8 +187,9 @@ def _put_rows(state: DecodeState, part: DecodeState) -> DecodeState:
 
 
 def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
-                eos_ids: tuple[int, ...]):
-    """Sample one token per slot from its logits, then run the model on it."""
+                eos_ids: tuple[int, ...], window: int | None = None):
+    """Sample one token per slot from its logits, then run the model on it (attending to
+    cache positions [0, window) only)."""
     keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
     tokens_B, logprobs_B = sample(state.logits, keys, sampling)
     valid_B = state.active
@@ -198,7 +199,7 @@ def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
     active = valid_B & ~is_eos & (generated < state.max_new)
     logits, cache = forward(
         params, config, tokens_B[:, None], state.positions[:, None], valid_B[:, None],
-        state.cache,
+        state.cache, attend_len=window,
     )
     # Inactive slots do not advance, so an idle slot never runs off the end of its cache.
     cache = cache.replace(end=jnp.where(valid_B, cache.end, state.cache.end))
@@ -214,12 +215,14 @@ def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
 
 def generate_fn(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
                 eos_ids: tuple[int, ...], num_steps: int, num_slots: int,
-                constrain=None) -> tuple[DecodeState, Chunk]:
-    """K = num_steps decode steps for the first num_slots slots under lax.scan."""
+                window: int | None = None, constrain=None) -> tuple[DecodeState, Chunk]:
+    """K = num_steps decode steps for the first num_slots slots under lax.scan, attending
+    to cache positions [0, window) (every live slot must end the chunk inside it)."""
     part = _take_rows(state, num_slots) if num_slots < state.active.shape[0] else state
 
     def body(s, _):
-        return decode_step(params, s, config=config, sampling=sampling, eos_ids=eos_ids)
+        return decode_step(params, s, config=config, sampling=sampling, eos_ids=eos_ids,
+                           window=window)
 
     part, (tok_KxB, lp_KxB, valid_KxB) = jax.lax.scan(body, part, None, length=num_steps)
     new_state = _put_rows(state, part)
@@ -249,6 +252,12 @@ class Engine:
         the decode state are laid out by ada.sharding's tables (slots like a batch).
       slot_bucketing: compile `generate` for power-of-two slot counts too, so the tail of
         a round runs on fewer slots.
+      num_windows: attention-window buckets of `generate`: the cache length S split into
+        this many equal steps. A chunk whose live slots have filled at most w positions
+        attends to the smallest window >= w + chunk_size instead of all S, so short
+        responses in a long cache do not pay for its empty tail (decode attention is
+        memory-bound). 1 turns it off. Compiles of `generate` are bounded by
+        slot buckets x windows.
     """
 
     def __init__(
@@ -265,10 +274,12 @@ class Engine:
         mesh: Mesh | None = None,
         slot_bucketing: bool = True,
         max_prefill_rows: int = 8,
+        num_windows: int = 4,
     ):
         problems = []
         for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
-                            ("max_new_tokens", max_new_tokens), ("chunk_size", chunk_size)):
+                            ("max_new_tokens", max_new_tokens), ("chunk_size", chunk_size),
+                            ("num_windows", num_windows)):
             if int(value) <= 0:
                 problems.append(f"{name}={value} must be positive")
         eos_ids = tuple(int(e) for e in eos_ids)
@@ -298,6 +309,9 @@ class Engine:
                         if b % shards == 0 and b < self.num_slots] if slot_bucketing else []
         self.slot_buckets = tuple(slot_buckets) + (self.num_slots,)
         self.row_buckets = pow2_buckets(1, max(1, min(int(max_prefill_rows), self.num_slots)))
+        step = -(-self.cache_len // int(num_windows))
+        self.window_buckets = tuple(sorted({min(step * i, self.cache_len)
+                                            for i in range(1, int(num_windows) + 1)}))
 
         self._prefill = jax.jit(functools.partial(prefill_fn, config=config))
         # A partial per engine: jit caches (and so compiles()) are per engine, not shared.
@@ -306,7 +320,7 @@ class Engine:
         self._generate = jax.jit(
             functools.partial(generate_fn, config=config, sampling=sampling, eos_ids=eos_ids,
                               constrain=self._constrain if mesh is not None else None),
-            static_argnames=("num_steps", "num_slots"), donate_argnums=(1,))
+            static_argnames=("num_steps", "num_slots", "window"), donate_argnums=(1,))
         self._request_key = jax.jit(request_key)
 
     # -- sharding ------------------------------------------------------------
@@ -427,12 +441,23 @@ class Engine:
         return self._request_key(step_key, jnp.uint32(prompt_id), jnp.uint32(sample_idx))
 
     def generate(self, params, state: DecodeState, num_steps: int | None = None,
-                 num_slots: int | None = None) -> tuple[DecodeState, Chunk]:
-        """Run a chunk of decode steps on the first `num_slots` slots (bucketed)."""
+                 num_slots: int | None = None, filled: int | None = None
+                 ) -> tuple[DecodeState, Chunk]:
+        """Run a chunk of decode steps on the first `num_slots` slots (bucketed).
+
+        filled: the most cache positions any live slot among them has filled (prompt
+        bucket + tokens generated); the chunk then attends to the smallest window bucket
+        holding filled + num_steps. None: the whole cache (no host bookkeeping needed).
+        """
         K = self.chunk_size if num_steps is None else int(num_steps)
         b = bucket_for(self.num_slots if num_slots is None else max(1, num_slots),
                        self.slot_buckets)
-        return self._generate(params, state, num_steps=K, num_slots=b)
+        window = self.cache_len if filled is None else self.window_for(filled + K)
+        return self._generate(params, state, num_steps=K, num_slots=b, window=window)
+
+    def window_for(self, positions: int) -> int:
+        """The smallest attention window holding `positions` cache entries (capped at S)."""
+        return bucket_for(min(max(1, positions), self.cache_len), self.window_buckets)
 
     def move(self, state: DecodeState, src: int, dst: int) -> DecodeState:
         return self._move(state, jnp.int32(src), jnp.int32(dst))
@@ -449,7 +474,7 @@ class Engine:
         """How many shape buckets each function can see (the bound on its compiles)."""
         return {"prefill": len(self.prompt_buckets) * len(self.row_buckets),
                 "insert": len(self.prompt_buckets) * len(self.row_buckets),
-                "move": 1, "generate": len(self.slot_buckets)}
+                "move": 1, "generate": len(self.slot_buckets) * len(self.window_buckets)}
 
 
 def cache_bytes(config: ModelConfig, num_slots: int, cache_len: int) -> int:
