@@ -68,8 +68,11 @@ def base() -> ml_collections.ConfigDict:
     c.sampling.max_new_tokens = 16
     c.sampling.num_slots = 64  # decode slots of the engine
     c.sampling.chunk_size = 8  # decode steps per jitted chunk
-    # Bit-reproducible across process counts: no slot buckets and one prompt per prefill
-    # (different shapes may round logits differently and flip a sample).
+    # Attention-window buckets: a chunk reads only the cache front its slots have filled.
+    c.sampling.num_windows = 4
+    # Bit-reproducible across process counts: no slot buckets, one prompt per prefill and
+    # one attention window (different shapes may round logits differently and flip a
+    # sample).
     c.sampling.slot_bucketing = True
     c.sampling.max_prefill_rows = 8
 

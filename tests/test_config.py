@@ -80,6 +80,10 @@ def test_validation_messages(tmp_path):
     with pytest.raises(C.ConfigError, match="positive_threshold"):
         C.validate(cfg)
     cfg = C.load_config(DEFAULT)
+    cfg.sampling.num_windows = 0
+    with pytest.raises(C.ConfigError, match=r"sampling.num_windows=0 .*1 = attend to the whole"):
+        C.validate(cfg)
+    cfg = C.load_config(DEFAULT)
     cfg.model.path = str(tmp_path / "nope")
     with pytest.raises(C.ConfigError, match="model path .*nope.* does not exist"):
         C.validate(cfg)

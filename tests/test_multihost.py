@@ -53,6 +53,7 @@ def _cmd(data, workdir, cache):
         "adaptive.samples_per_round": 4, "adaptive.max_rounds": 2,
         "optim.entropy_coef": 0.0, "optim.loss_agg": "seq-mean-token-sum", "sampling.num_slots": 16,
         "sampling.slot_bucketing": False, "sampling.max_prefill_rows": 1,
+        "sampling.num_windows": 1,
         "sampling.max_new_tokens": 4, "train.steps": 2, "eval.every": 0, "checkpoint.every": 2,
         "warmstart.enabled": False, "warmstart.cache_dir": cache, "log.progress": False,
         "log.plots": False, "log.tensorboard": False, "optim.lr": 1e-2, "optim.warmup_steps": 1,

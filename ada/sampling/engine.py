@@ -22,9 +22,12 @@ fold_in(fold_in(fold_in(step_key, prompt_id), sample_idx), i), so a response doe
 depend on its slot, its round, or its neighbours (up to float rounding across shapes).
 
 Shapes are bucketed: prompt length (powers of two from `min_prompt_bucket` to
-`max_prompt_len`), prefill rows (powers of two up to `num_slots`) and active slot count
-(powers of two up to `num_slots`). `Engine.compiles()` reports the compilations made (from
-jit's own caches, not an estimate).
+`max_prompt_len`), prefill rows (powers of two up to `num_slots`), active slot count
+(powers of two up to `num_slots`) and, for `generate`, the attention window (`num_windows`
+equal steps of the cache length: a chunk reads only the cache front its slots have filled).
+`Engine.compiles()` reports the compilations made (from jit's own caches, not an
+estimate). A shorter window sums attention in another order, so like a slot bucket it can
+move logits in the last bits: equality is exact within one (slot, window) bucket.
 
 Decode cache layout (ada.models.KVCache): keys [L, B, K, Hd, S], values [L, B, K, S, Hd],
 with S = largest prompt bucket + max_new_tokens; a prompt of bucket P occupies positions
