@@ -358,8 +358,9 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     need(s.temperature >= 0, f"sampling.temperature={s.temperature} must be >= 0")
     need(s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens} must be >= 1")
     need(0 < s.top_p <= 1, f"sampling.top_p={s.top_p} must be in (0, 1]")
-    need(s.get("num_windows", 1) >= 1,
-         f"sampling.num_windows={s.get('num_windows')} must be >= 1 (1 = attend to the whole cache)")
+    if "num_windows" in s:  # absent from the config.json of runs older than the key
+        need(s.num_windows >= 1,
+             f"sampling.num_windows={s.num_windows} must be >= 1 (1 = attend to the whole cache)")
     e = config.eval
     need(e.samples >= 1, f"eval.samples={e.samples} must be >= 1")
     for k in e.pass_k:

@@ -378,7 +378,7 @@ class Run:
                                                   top_p=s.top_p),
                           eos_ids=eos, chunk_size=s.chunk_size, mesh=local_mesh,
                           slot_bucketing=s.slot_bucketing, max_prefill_rows=s.max_prefill_rows,
-                          num_windows=s.get("num_windows", 4),
+                          num_windows=s.get("num_windows", 4),  # runs older than the key
                           min_prompt_bucket=min(16, prompt_len))
 
         self.engine = make_engine(s.temperature, s.max_new_tokens)

@@ -158,6 +158,10 @@ def run_engine(args) -> dict:
     return res
 
 
+def _fields(d: dict) -> str:
+    return ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", type=int, default=256, help="P prompts per batch")
@@ -188,14 +192,12 @@ def main(argv=None):
             print(f"{mix:8s} {m:24s} {r['samples_per_prompt']:15.2f} {r['mixed_share']:12.3f} "
                   f"{r['samples_per_mixed_prompt']:14.2f} {r['sim_decode_steps']:10.0f}")
     for mix, t in result["targets"].items():
-        print(f"targets[{mix}]: " + ", ".join(
-            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in t.items()))
+        print(f"targets[{mix}]: {_fields(t)}")
     if not args.no_engine:
         eng = run_engine(args)
         result["engine"] = eng
         result.update({k: eng[k] for k in ("wallclock_rounds_s", "wallclock_continuous_s")})
-        print("engine: " + ", ".join(
-            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in eng.items()))
+        print(f"engine: {_fields(eng)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

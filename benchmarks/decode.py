@@ -168,10 +168,10 @@ def main(argv=None):
             if model is not None:
                 runners["hf"] = hf_runner(model, config.vocab_size, b)
             rounds = interleaved(runners, args.repeats)
-            tps = float(np.median(rounds["ada"]))
-            hf = float(np.median(rounds["hf"])) if model is not None else float("nan")
-            paired = (np.asarray(rounds["ada"]) / np.asarray(rounds["hf"])
-                      if model is not None else np.full(1, np.nan))
+            ada_rounds = np.asarray(rounds["ada"])
+            hf_rounds = np.asarray(rounds.get("hf", [np.nan] * args.repeats))
+            paired = ada_rounds / hf_rounds
+            tps, hf = float(np.median(ada_rounds)), float(np.median(hf_rounds))
             ratios[name][str(b)] = float(np.median(paired))
             ada_tps[name][str(b)], hf_tps[name][str(b)] = tps, hf
             compiles[name][str(b)] = engine.compiles()
@@ -190,9 +190,7 @@ def main(argv=None):
           f"in {stats['prefill_calls']} calls, mean attention window "
           f"{stats['attention_window']:.2f} of the cache")
     print(f"cross-bucket agreement (crowd vs alone, 32 responses): {agreement:.3f}")
-    ratio = None
-    if "small" in ada_tps and "32" in ada_tps["small"]:
-        ratio = ratios["small"]["32"]
+    ratio = ratios.get("small", {}).get("32")
     print("targets: ratio_b32_small >= 1.5 ->", None if ratio is None else round(ratio, 2),
           "| occupancy >= 0.9 ->", round(stats["slot_occupancy"], 3),
           "| compiles <= buckets ->",

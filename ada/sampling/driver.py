@@ -70,7 +70,7 @@ class Completion:
 class _Slot:
     request: Request
     seq: int
-    filled: int  # cache positions this slot has written: its prompt bucket + tokens so far
+    prompt_bucket: int  # cache positions its prompt fills; generated tokens follow
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     text: str = ""
@@ -251,14 +251,14 @@ class Driver:
             mnt = self.engine.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
             self.state = self.engine.insert(prefix, self.state, slot, row=row, key=key,
                                             max_new_tokens=mnt)
-            self._slots[slot] = _Slot(request=r, seq=seq, filled=prefix.cache.max_len)
+            self._slots[slot] = _Slot(request=r, seq=seq, prompt_bucket=prefix.cache.max_len)
 
     def _run_chunk(self) -> list[Completion]:
         b = bucket_for(max(self._slots) + 1, self.engine.slot_buckets)
-        filled = max(s.filled for s in self._slots.values())
+        filled = max(s.prompt_bucket + len(s.tokens) for s in self._slots.values())
         self.state, chunk = self.engine.generate(self.params, self.state, num_slots=b,
                                                  filled=filled)
-        self.attended_positions += self.engine.window_for(filled + self.engine.chunk_size)
+        self.attended_positions += chunk.window
         tokens, logprobs, valid, active = jax.device_get(
             (chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
         self.chunks += 1
@@ -267,7 +267,6 @@ class Driver:
         for slot in sorted(self._slots):
             s = self._slots[slot]
             keep = valid[slot]
-            s.filled += int(keep.sum())
             s.tokens.extend(tokens[slot][keep].tolist())
             s.logprobs.extend(logprobs[slot][keep].tolist())
             finished = self._check_stop(s, int(keep.sum())) or self._device_finish(s, active[slot])

@@ -87,6 +87,7 @@ class Chunk:
     logprobs: jax.Array  # [b, K] float32 (of the sampled-from distribution, see samplers)
     valid: jax.Array  # [b, K] bool: token belongs to the response
     active: jax.Array  # [b] bool: slot still generating after the chunk
+    window: int = struct.field(pytree_node=False, default=0)  # cache positions attended
 
 
 def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
@@ -231,7 +232,8 @@ def generate_fn(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
     new_state = _put_rows(state, part)
     if constrain is not None:
         new_state = constrain(new_state)
-    chunk = Chunk(tokens=tok_KxB.T, logprobs=lp_KxB.T, valid=valid_KxB.T, active=part.active)
+    chunk = Chunk(tokens=tok_KxB.T, logprobs=lp_KxB.T, valid=valid_KxB.T, active=part.active,
+                  window=state.cache.max_len if window is None else window)
     return new_state, chunk
 
 
@@ -455,12 +457,9 @@ class Engine:
         K = self.chunk_size if num_steps is None else int(num_steps)
         b = bucket_for(self.num_slots if num_slots is None else max(1, num_slots),
                        self.slot_buckets)
-        window = self.cache_len if filled is None else self.window_for(filled + K)
+        window = (self.cache_len if filled is None
+                  else bucket_for(min(filled + K, self.cache_len), self.window_buckets))
         return self._generate(params, state, num_steps=K, num_slots=b, window=window)
-
-    def window_for(self, positions: int) -> int:
-        """The smallest attention window holding `positions` cache entries (capped at S)."""
-        return bucket_for(min(max(1, positions), self.cache_len), self.window_buckets)
 
     def move(self, state: DecodeState, src: int, dst: int) -> DecodeState:
         return self._move(state, jnp.int32(src), jnp.int32(dst))
