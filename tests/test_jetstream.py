@@ -2,6 +2,8 @@
 orchestrator's Decode is called directly, as JetStream's own tests do)."""
 
 import asyncio
+import threading
+import traceback
 
 import jax
 import numpy as np
@@ -42,7 +44,19 @@ async def _decode(client, request):
     return ids, "".join(text)
 
 
-def test_orchestrator_serves_ada_engine():
+def test_orchestrator_serves_ada_engine(monkeypatch):
+    # JetStream SIGKILLs its own process when a driver thread raises; under pytest-xdist
+    # that takes the worker down unnamed and can hang the run. Record the error instead
+    # and fail this test with it.
+    thread_errors = []
+
+    def run_recording(thread):
+        try:
+            threading.Thread.run(thread)
+        except Exception as e:  # noqa: BLE001 - reported below
+            thread_errors.append(f"{thread.name}: {e!r}\n{traceback.format_exc()}")
+
+    monkeypatch.setattr(orchestrator.JetThread, "run", run_recording)
     config = preset("tiny")
     params = init_params(config, jax.random.PRNGKey(0), std=0.3)
     tok = CharTokenizer()
@@ -76,6 +90,7 @@ def test_orchestrator_serves_ada_engine():
         results = asyncio.run(asyncio.wait_for(run_all(), timeout=120))
     finally:
         driver.stop()
+    assert not thread_errors, "a JetStream driver thread raised:\n" + "\n".join(thread_errors)
     for (ids, _), exp in zip(results[:-1], expected, strict=True):
         want = exp.token_ids[:-1] if exp.finish_reason == "eos" else exp.token_ids
         assert ids == want
