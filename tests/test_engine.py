@@ -216,8 +216,10 @@ def test_sharded_equals_unsharded_and_temperature_logprobs(model):
     sharded_params = engine.shard_params(params)
     assert tuple(sharded_params["layers"]["q"].sharding.spec) == (None, "fsdp", "tensor")
     driver = Driver(engine, sharded_params, step_key=3)
-    assert driver.state.cache.k.sharding.spec[1] == ("data", "fsdp")
-    assert driver.state.cache.k.sharding.spec[2] == "tensor"  # [L, B, K, S, Hd]
+    # the driver's per-layer weights keep their layer's sharding
+    assert tuple(driver.params["layers"][1]["q"].sharding.spec) == ("fsdp", "tensor")
+    k0 = driver.state.cache.k[0]  # [B, K, Hd, S]
+    assert k0.sharding.spec[0] == ("data", "fsdp") and k0.sharding.spec[1] == "tensor"
     sharded = driver.generate_all(reqs)
     assert [c.token_ids for c in sharded] == [c.token_ids for c in plain]
     for a, b in zip(sharded, plain, strict=True):

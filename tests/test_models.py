@@ -21,6 +21,7 @@ from ada.models import (
     param_shapes,
     positions_from_mask,
     preset,
+    unstack_layers,
 )
 from ada.models.transformer import rope_inv_freq
 
@@ -173,6 +174,27 @@ def test_incremental_decode_equals_full_forward(model):
     assert diff2 <= DECODE_TOL, diff2
 
 
+def test_per_layer_params_equal_stacked(model):
+    """The per-layer weight buffers the decode engine reads (unstack_layers) give what the
+    stacked weights give: the cached path (a Python loop either way) bit for bit, the
+    uncached one (a loop against lax.scan) up to rounding."""
+    config, params = model
+    split = unstack_layers(params)
+    assert len(split["layers"]) == config.num_layers and unstack_layers(split) is split
+    np.testing.assert_array_equal(split["layers"][1]["q"], params["layers"]["q"][1])
+    tokens, mask, positions = left_padded(config.vocab_size)
+    T = tokens.shape[1]
+    stacked, stacked_cache = _decode(params, config, tokens, mask, positions, [14, 1, 5], T + 2)
+    per_layer, per_layer_cache = _decode(split, config, tokens, mask, positions, [14, 1, 5], T + 2)
+    np.testing.assert_array_equal(per_layer, stacked)
+    for a, b in zip(jax.tree_util.tree_leaves(per_layer_cache),
+                    jax.tree_util.tree_leaves(stacked_cache), strict=True):
+        np.testing.assert_array_equal(a, b)
+    args = [jnp.asarray(a) for a in (tokens, positions, mask)]
+    np.testing.assert_allclose(np.asarray(_forward(split, config, *args)[0]),
+                               np.asarray(_forward(params, config, *args)[0]), atol=DECODE_TOL)
+
+
 def test_attention_window_equals_whole_cache(model):
     """attend_len = the filled prefix (+ the new token) gives the whole-cache result (up to
     summation order: a shorter reduction rounds differently in the last bits): the unread
@@ -244,7 +266,7 @@ def test_bfloat16_compute_close_to_float32(model):
     bf16_params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
     bf16 = bf16.replace(param_dtype="bfloat16")
     inc, cache = _decode(bf16_params, bf16, tokens, mask, positions, [14] + [1] * 6, max_len=24)
-    assert cache.k.dtype == jnp.bfloat16
+    assert {k.dtype for k in cache.k + cache.v} == {jnp.dtype(jnp.bfloat16)}
     rel_inc = np.abs(inc - ref)[mask].max() / scale
     assert rel_inc <= BF16_REL_TOL, rel_inc
 

@@ -11,11 +11,13 @@ from ada.models.transformer import (
     init_params,
     param_shapes,
     positions_from_mask,
+    unstack_layers,
 )
 
 __all__ = [
     "PRESETS", "preset", "KVCache", "Llama3RopeScaling", "ModelConfig", "count_params",
     "forward", "init_cache", "init_params", "param_shapes", "positions_from_mask",
+    "unstack_layers",
 ]
 
 from ada.models.hf import (  # noqa: E402

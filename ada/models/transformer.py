@@ -9,7 +9,8 @@ can be a static argument of `jax.jit`. The families differ only in a few switche
   llama    no           no                     hidden / heads    llama3 (optional)
 
 Parameter layout (weights stored [in, out]; every per-layer tensor is stacked on a leading
-layer axis L so the blocks run under `lax.scan`, which keeps compile time flat in depth):
+layer axis L so the training forward runs the blocks under `lax.scan`, which keeps compile
+time flat in depth):
 
   embed [V, D]; final_norm [D]; lm_head [D, V] (absent when embeddings are tied)
   layers/attn_norm [L, D]  layers/q [L, D, H*Hd]  layers/k, layers/v [L, D, K*Hd]
@@ -19,6 +20,13 @@ layer axis L so the blocks run under `lax.scan`, which keeps compile time flat i
 
 Shape suffixes: B batch, T new tokens, S cache length, D hidden, H query heads,
 K key/value heads, G = H // K, Hd head dim, F MLP width, V vocabulary, L layers.
+
+With a KV cache (prefill and decode) the blocks run in a Python loop instead, one layer's
+weights and cache at a time: the cache is a tuple of per-layer arrays, and `unstack_layers`
+turns the stacked weights into a list of per-layer dicts. Each layer then reads its own
+buffers. Under `lax.scan`, XLA:CPU copies every layer's weight slice and cache slice out of
+the stacked arrays on every decode step, and decode is memory-bound (benchmarks/decode.py).
+The cost is a compile time that grows with depth for the cached path.
 """
 
 from __future__ import annotations
@@ -101,24 +109,23 @@ class KVCache:
     a left-padded prompt and its decode steps need no special casing.
     """
 
-    k: jax.Array  # [L, B, K, Hd, S]: keys transposed, so a decode step's q.k products run
-    #               along the contiguous S axis (~1.7x faster attention on XLA:CPU)
-    v: jax.Array  # [L, B, K, S, Hd]
+    k: tuple[jax.Array, ...]  # L x [B, K, Hd, S]: keys transposed, so a decode step's q.k
+    #                           products run along the contiguous S axis
+    v: tuple[jax.Array, ...]  # L x [B, K, S, Hd]
     valid: jax.Array  # [B, S] bool
     end: jax.Array  # [B] int32
 
     @property
     def max_len(self) -> int:
-        return self.v.shape[3]
+        return self.v[0].shape[2]
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
     dtype = dtype or config.compute_dtype
-    shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
-    k_shape = shape[:3] + (config.head_dim, max_len)
+    K, Hd, L = config.num_kv_heads, config.head_dim, config.num_layers
     return KVCache(
-        k=jnp.zeros(k_shape, dtype),
-        v=jnp.zeros(shape, dtype),
+        k=tuple(jnp.zeros((batch, K, Hd, max_len), dtype) for _ in range(L)),
+        v=tuple(jnp.zeros((batch, K, max_len, Hd), dtype) for _ in range(L)),
         valid=jnp.zeros((batch, max_len), bool),
         end=jnp.zeros((batch,), jnp.int32),
     )
@@ -175,6 +182,17 @@ def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Param
 
 def count_params(params: Params) -> int:
     return sum(int(math.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+
+
+def unstack_layers(params: Params) -> Params:
+    """The same params with `layers` as a list of per-layer dicts (one buffer per layer
+    and weight), the form the cached forward reads fastest. Idempotent."""
+    layers = params["layers"]
+    if isinstance(layers, list | tuple):
+        return params
+    num_layers = jax.tree_util.tree_leaves(layers)[0].shape[0]
+    return dict(params, layers=[jax.tree.map(lambda x, i=i: x[i], layers)
+                                for i in range(num_layers)])
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -247,28 +265,24 @@ def _write_rows(cache_BxSx, new_BxTx, start_B):
     return jax.vmap(one)(cache_BxSx, new_BxTx.astype(cache_BxSx.dtype), start_B)
 
 
-def _scatter_layer(cache, layer, new_BxTxKxHd, start_B, *, keys: bool):
-    """Write layer `layer`'s new keys ([L, B, K, Hd, S] cache) or values ([L, B, K, S, Hd])
-    in place: row b at position start_B[b] + t.
-
-    A scatter into the scan carry touches only the B*T new entries, so a decode step does
-    not copy the whole cache.
-    """
+def _write_kv(cache, new_BxTxKxHd, start_B, *, keys: bool):
+    """Write one layer's new keys (cache [B, K, Hd, S]) or values ([B, K, S, Hd]) in place:
+    row b at position start_B[b] + t. A scatter touches only the B*T new entries, so a
+    decode step does not copy the cache."""
     B, T = new_BxTxKxHd.shape[:2]
     rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
     cols_BxT = start_B[:, None] + jnp.arange(T)[None, :]
     new = new_BxTxKxHd.astype(cache.dtype)  # indexed region: [B, T, K, Hd] either way
     if keys:
-        return cache.at[layer, rows_BxT, :, :, cols_BxT].set(new, mode="drop")
-    return cache.at[layer, rows_BxT, :, cols_BxT].set(new, mode="drop")
+        return cache.at[rows_BxT, :, :, cols_BxT].set(new, mode="drop")
+    return cache.at[rows_BxT, :, cols_BxT].set(new, mode="drop")
 
 
 def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig):
     """One pre-norm transformer block.
 
-    `kv` is None (no cache) or (layer index, k cache, v cache) with the caches of every layer
-    (k [L, B, K, Hd, S], v [L, B, K, S, Hd]); returns the new activations and the updated
-    (k, v) caches.
+    `kv` is None (no cache) or this layer's (k [B, K, Hd, S], v [B, K, S, Hd]) cache;
+    returns the new activations and the updated (k, v).
     """
     c = config
     dt = c.compute_dtype
@@ -292,12 +306,11 @@ def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig):
     if kv is None:
         keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
     else:
-        idx, k_all, v_all = kv
-        k_all = _scatter_layer(k_all, idx, k, ctx["start"], keys=True)
-        v_all = _scatter_layer(v_all, idx, v, ctx["start"], keys=False)
-        kv = (k_all, v_all)
+        k_cache = _write_kv(kv[0], k, ctx["start"], keys=True)
+        v_cache = _write_kv(kv[1], v, ctx["start"], keys=False)
+        kv = (k_cache, v_cache)
         W = ctx["attend_len"]  # attend to cache positions [0, W) only
-        keys, values = k_all[idx, ..., :W].astype(dt), v_all[idx, :, :, :W].astype(dt)
+        keys, values = k_cache[..., :W].astype(dt), v_cache[:, :, :W].astype(dt)
 
     attn = _attention(q, keys, values, ctx["allowed"], c)
     x_BxTxD = x_BxTxD + attn @ w["o"]
@@ -363,26 +376,28 @@ def forward(
     ctx = {"positions": positions_BxT, "inv_freq": inv_freq, "allowed": allowed, "start": start,
            "attend_len": None if cache is None else W}
     x = params["embed"].astype(c.compute_dtype)[tokens_BxT]
+    layers = params["layers"]
 
-    if cache is None:
+    if cache is None and not isinstance(layers, list | tuple):
         def body(x, layer):
             return _block(x, layer, None, ctx, c)[0], None
 
         if remat:
             body = jax.checkpoint(body, prevent_cse=False)
-        x, _ = jax.lax.scan(body, x, params["layers"])
+        x, _ = jax.lax.scan(body, x, layers)
         new_cache = None
     else:
-        # The caches ride in the carry so each layer's write is an in-place scatter.
-        def body(carry, xs):
-            x, k_all, v_all = carry
-            layer, idx = xs
-            x, (k_all, v_all) = _block(x, layer, (idx, k_all, v_all), ctx, c)
-            return (x, k_all, v_all), None
-
-        layer_ids = jnp.arange(c.num_layers)
-        (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params["layers"], layer_ids))
-        new_cache = KVCache(k=k_all, v=v_all, valid=new_valid, end=cache.end + T)
+        # One layer at a time, each with its own weight and cache buffers (module docstring).
+        block = jax.checkpoint(_block, static_argnums=(4,)) if remat else _block
+        ks, vs = [], []
+        for i, layer in enumerate(unstack_layers(params)["layers"]):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            x, kv = block(x, layer, kv, ctx, c)
+            if kv is not None:
+                ks.append(kv[0])
+                vs.append(kv[1])
+        new_cache = (None if cache is None
+                     else KVCache(k=tuple(ks), v=tuple(vs), valid=new_valid, end=cache.end + T))
 
     x = rms_norm(x, params["final_norm"].astype(c.compute_dtype), c.rms_norm_eps)
     if return_hidden:

@@ -81,7 +81,8 @@ class Driver:
 
     Args:
       engine: the Engine (sets slots, buckets, sampling, EOS ids).
-      params: model params (placed as the engine wants: `engine.shard_params`).
+      params: model params; the driver keeps them as `engine.prepare_params` gives them
+        (placed on the engine's mesh, one buffer per layer).
       tokenizer: anything with `decode(ids) -> str`; None gives empty texts and disables
         stop strings.
       step_key: the PRNG key of this sampling step (or an int seed).
@@ -94,7 +95,7 @@ class Driver:
                  step_key: Any = 0, stop_strings=(), include_stop_str_in_output: bool = False,
                  prefix_cache_size: int = 64):
         self.engine = engine
-        self.params = params
+        self.params = engine.prepare_params(params)
         self.tokenizer = tokenizer
         self.stop_strings = tuple(s for s in stop_strings if s)
         if self.stop_strings and tokenizer is None:
@@ -126,7 +127,7 @@ class Driver:
 
     def set_params(self, params) -> None:
         """New weights (e.g. after a train step); drops the prefix cache."""
-        self.params = params
+        self.params = self.engine.prepare_params(params)
         self._prefixes.clear()
 
     # -- the API the adaptive scheduler calls -------------------------------------

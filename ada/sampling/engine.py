@@ -29,9 +29,18 @@ equal steps of the cache length: a chunk reads only the cache front its slots ha
 estimate). A shorter window sums attention in another order, so like a slot bucket it can
 move logits in the last bits: equality is exact within one (slot, window) bucket.
 
-Decode cache layout (ada.models.KVCache): keys [L, B, K, Hd, S], values [L, B, K, S, Hd],
-with S = largest prompt bucket + max_new_tokens; a prompt of bucket P occupies positions
-[0, P) (left padded), generated tokens follow.
+Decode cache layout (ada.models.KVCache): per layer, keys [B, K, Hd, S] and values
+[B, K, S, Hd], with S = largest prompt bucket + max_new_tokens; a prompt of bucket P
+occupies positions [0, P) (left padded), generated tokens follow.
+
+Params: `Engine.prepare_params` places them on the mesh and splits the stacked layer
+weights into one buffer per layer (ada.models.unstack_layers), once per set of weights;
+the decode step then reads each layer's weights where they lie. That is one more copy of
+the weights while sampling; the stacked form also works, slower on XLA:CPU.
+
+On CPU, `generate` is compiled with XLA:CPU's YNNPACK fusions off (`CPU_DECODE_OPTIONS`):
+for these skinny [slots, D] x [D, F] products and the decode attention reductions, XLA's
+own dot and loop emitters ran the step ~10% faster (benchmarks/decode.py, docs/results.md).
 """
 
 from __future__ import annotations
@@ -53,15 +62,20 @@ from ada.models.transformer import (
     init_cache,
     positions_from_mask,
     project_logits,
+    unstack_layers,
 )
 from ada.sampling.samplers import SamplingConfig, sample
+
+# XLA:CPU compile options of `generate` (module docstring). An experimental XLA flag: jax
+# is pinned in requirements.txt, and tests/test_engine.py compiles with it.
+CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 @struct.dataclass
 class Prefix:
     """N prefilled prompts: a [N, P] cache and each row's next-token logits."""
 
-    cache: KVCache  # k [L, N, K, Hd, P], v [L, N, K, P, Hd]
+    cache: KVCache  # per layer: k [N, K, Hd, P], v [N, K, P, Hd]
     logits: jax.Array  # [N, V] float32
     lengths: jax.Array  # [N] int32: real prompt tokens (the first generated position)
 
@@ -70,7 +84,7 @@ class Prefix:
 class DecodeState:
     """Everything one decode step reads and writes, for B slots."""
 
-    cache: KVCache  # k [L, B, K, Hd, S], v [L, B, K, S, Hd]
+    cache: KVCache  # per layer: k [B, K, Hd, S], v [B, K, S, Hd]
     logits: jax.Array  # [B, V] float32: logits of the slot's next token
     positions: jax.Array  # [B] int32: RoPE position of the next token
     generated: jax.Array  # [B] int32: tokens generated so far
@@ -131,13 +145,15 @@ def insert_fn(prefix: Prefix, state: DecodeState, slot, row, key, max_new) -> De
     """Copy prefix row `row` into decode slot `slot` (traced ints: one compile per bucket)."""
     pc, sc = prefix.cache, state.cache
     Pl, S = pc.max_len, sc.max_len
-    k_row = jax.lax.dynamic_index_in_dim(pc.k, row, axis=1, keepdims=True)  # [L,1,K,Hd,P]
-    v_row = jax.lax.dynamic_index_in_dim(pc.v, row, axis=1, keepdims=True)
-    k = jax.lax.dynamic_update_slice(sc.k, k_row.astype(sc.k.dtype), (0, slot, 0, 0, 0))
-    v = jax.lax.dynamic_update_slice(sc.v, v_row.astype(sc.v.dtype), (0, slot, 0, 0, 0))
+
+    def put_row(dst, src):  # prefix row `row` ([K, Hd, P] or [K, P, Hd]) into slot `slot`
+        r = jax.lax.dynamic_index_in_dim(src, row, axis=0, keepdims=True)
+        return jax.lax.dynamic_update_slice(dst, r.astype(dst.dtype), (slot, 0, 0, 0))
+
     valid_row = jnp.zeros((S,), bool).at[:Pl].set(pc.valid[row])
     cache = KVCache(
-        k=k, v=v, valid=sc.valid.at[slot].set(valid_row), end=sc.end.at[slot].set(Pl)
+        k=tuple(map(put_row, sc.k, pc.k)), v=tuple(map(put_row, sc.v, pc.v)),
+        valid=sc.valid.at[slot].set(valid_row), end=sc.end.at[slot].set(Pl),
     )
     return DecodeState(
         cache=cache,
@@ -152,42 +168,25 @@ def insert_fn(prefix: Prefix, state: DecodeState, slot, row, key, max_new) -> De
 
 def move_fn(state: DecodeState, src, dst) -> DecodeState:
     """Copy slot `src` to slot `dst` and deactivate `src` (tail compaction)."""
-    def row_copy(x, axis):
-        r = jax.lax.dynamic_index_in_dim(x, src, axis=axis, keepdims=True)
-        start = [0] * x.ndim
-        start[axis] = dst
-        return jax.lax.dynamic_update_slice(x, r, start)
+    def row_copy(x):
+        r = jax.lax.dynamic_index_in_dim(x, src, axis=0, keepdims=True)
+        return jax.lax.dynamic_update_slice(x, r, (dst,) + (0,) * (x.ndim - 1))
 
-    c = state.cache
-    cache = KVCache(k=row_copy(c.k, 1), v=row_copy(c.v, 1), valid=row_copy(c.valid, 0),
-                    end=row_copy(c.end, 0))
-    moved = state.replace(
-        cache=cache,
-        **{f: row_copy(getattr(state, f), 0)
-           for f in ("logits", "positions", "generated", "max_new", "active", "keys")},
-    )
+    moved = jax.tree.map(row_copy, state)  # every field is slot-major
     return moved.replace(active=moved.active.at[src].set(False))
 
 
 def _take_rows(state: DecodeState, b: int) -> DecodeState:
-    c = state.cache
-    cache = KVCache(k=c.k[:, :b], v=c.v[:, :b], valid=c.valid[:b], end=c.end[:b])
-    return state.replace(
-        cache=cache, **{f: getattr(state, f)[:b]
-                        for f in ("logits", "positions", "generated", "max_new", "active", "keys")})
+    return jax.tree.map(lambda x: x[:b], state)  # every field is slot-major
 
 
 def _put_rows(state: DecodeState, part: DecodeState) -> DecodeState:
-    def put(full, x, axis):
-        start = [0] * full.ndim
-        return jax.lax.dynamic_update_slice(full, x, start) if x.shape != full.shape else x
+    def put(full, x):
+        if x.shape == full.shape:
+            return x
+        return jax.lax.dynamic_update_slice(full, x, (0,) * full.ndim)
 
-    c, pc = state.cache, part.cache
-    cache = KVCache(k=put(c.k, pc.k, 1), v=put(c.v, pc.v, 1), valid=put(c.valid, pc.valid, 0),
-                    end=put(c.end, pc.end, 0))
-    return state.replace(
-        cache=cache, **{f: put(getattr(state, f), getattr(part, f), 0)
-                        for f in ("logits", "positions", "generated", "max_new", "active", "keys")})
+    return jax.tree.map(put, state, part)
 
 
 def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
@@ -322,10 +321,14 @@ class Engine:
         # A partial per engine: jit caches (and so compiles()) are per engine, not shared.
         self._insert = jax.jit(functools.partial(insert_fn), donate_argnums=(1,))
         self._move = jax.jit(functools.partial(move_fn), donate_argnums=(0,))
+        devices = mesh.devices.flat if mesh is not None else jax.local_devices()[:1]
+        on_cpu = all(d.platform == "cpu" for d in devices)
         self._generate = jax.jit(
             functools.partial(generate_fn, config=config, sampling=sampling, eos_ids=eos_ids,
                               constrain=self._constrain if mesh is not None else None),
-            static_argnames=("num_steps", "num_slots", "window"), donate_argnums=(1,))
+            static_argnames=("num_steps", "num_slots", "window"), donate_argnums=(1,),
+            compiler_options=CPU_DECODE_OPTIONS if on_cpu else None)
+        self._unstack = jax.jit(unstack_layers)
         self._request_key = jax.jit(request_key)
 
     # -- sharding ------------------------------------------------------------
@@ -337,14 +340,16 @@ class Engine:
 
         assert self.mesh is not None
         c, B, S = self.config, self.num_slots, self.cache_len
-        v_shape = (c.num_layers, B, c.num_kv_heads, S, c.head_dim)
-        k_shape = v_shape[:3] + (c.head_dim, S)
+        v_shape = (B, c.num_kv_heads, S, c.head_dim)
+        k_shape = v_shape[:2] + (c.head_dim, S)
         ns = lambda logical, shape: NamedSharding(self.mesh, sharding.spec_for(logical, shape, self.mesh))
-        k_spec = ns(("layers", "batch", "kv_heads", "head_dim", "seq"), k_shape)
-        v_spec = ns(("layers", "batch", "kv_heads", "seq", "head_dim"), v_shape)
+        k_spec = ns(("batch", "kv_heads", "head_dim", "seq"), k_shape)
+        v_spec = ns(("batch", "kv_heads", "seq", "head_dim"), v_shape)
         vec = ns(("batch",), (B,))
+        L = c.num_layers
         return DecodeState(
-            cache=KVCache(k=k_spec, v=v_spec, valid=ns(("batch", "seq"), (B, S)), end=vec),
+            cache=KVCache(k=(k_spec,) * L, v=(v_spec,) * L, valid=ns(("batch", "seq"), (B, S)),
+                          end=vec),
             logits=ns(("batch", "vocab"), (B, c.vocab_size)), positions=vec, generated=vec,
             max_new=vec, active=vec, keys=ns(("batch", None), (B, 2)),
         )
@@ -361,6 +366,14 @@ class Engine:
 
             shardings = sharding.param_shardings(params, self.mesh)
         return jax.device_put(params, shardings)
+
+    def prepare_params(self, params):
+        """Params in the form decoding reads fastest: placed on the mesh (`shard_params`;
+        no copy when already there) and split into one buffer per layer (module docstring).
+        A copy of the weights; call once per set of weights. Idempotent."""
+        if isinstance(params["layers"], list | tuple):
+            return params
+        return self._unstack(self.shard_params(params))
 
     # -- the contract --------------------------------------------------------
 

@@ -124,7 +124,7 @@ class JetStreamEngine(engine_api.Engine):
         self._key = jax.jit(lambda k, n: jax.random.fold_in(jax.random.fold_in(k, n), 0))
 
     def load_params(self, *args, **kwargs):
-        return self.engine.shard_params(self._params)
+        return self.engine.prepare_params(self._params)
 
     def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int) -> JetPrefix:
         if existing_prefix is not None:
