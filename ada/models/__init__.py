@@ -6,18 +6,18 @@ from ada.models.transformer import (
     Llama3RopeScaling,
     ModelConfig,
     count_params,
+    decode_params,
     forward,
     init_cache,
     init_params,
     param_shapes,
     positions_from_mask,
-    unstack_layers,
 )
 
 __all__ = [
     "PRESETS", "preset", "KVCache", "Llama3RopeScaling", "ModelConfig", "count_params",
     "forward", "init_cache", "init_params", "param_shapes", "positions_from_mask",
-    "unstack_layers",
+    "decode_params",
 ]
 
 from ada.models.hf import (  # noqa: E402

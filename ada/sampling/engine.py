@@ -33,10 +33,11 @@ Decode cache layout (ada.models.KVCache): per layer, keys [B, K, Hd, S] and valu
 [B, K, S, Hd], with S = largest prompt bucket + max_new_tokens; a prompt of bucket P
 occupies positions [0, P) (left padded), generated tokens follow.
 
-Params: `Engine.prepare_params` places them on the mesh and splits the stacked layer
-weights into one buffer per layer (ada.models.unstack_layers), once per set of weights;
-the decode step then reads each layer's weights where they lie. That is one more copy of
-the weights while sampling; the stacked form also works, slower on XLA:CPU.
+Params: `Engine.prepare_params` places them on the mesh and puts them in decode form
+(ada.models.decode_params: one buffer per layer, a [D, V] unembedding when tied), once per
+set of weights; the decode step then reads each layer's weights where they lie. That is
+one more copy of the weights while sampling; the stacked form also works, slower on
+XLA:CPU.
 
 On CPU, `generate` is compiled with XLA:CPU's YNNPACK fusions off (`CPU_DECODE_OPTIONS`):
 for these skinny [slots, D] x [D, F] products and the decode attention reductions, XLA's
@@ -58,11 +59,12 @@ from jax.sharding import Mesh, NamedSharding
 from ada.models.transformer import (
     KVCache,
     ModelConfig,
+    decode_params,
     forward,
+    in_decode_form,
     init_cache,
     positions_from_mask,
     project_logits,
-    unstack_layers,
 )
 from ada.sampling.samplers import SamplingConfig, sample
 
@@ -328,7 +330,7 @@ class Engine:
                               constrain=self._constrain if mesh is not None else None),
             static_argnames=("num_steps", "num_slots", "window"), donate_argnums=(1,),
             compiler_options=CPU_DECODE_OPTIONS if on_cpu else None)
-        self._unstack = jax.jit(unstack_layers)
+        self._decode_params = jax.jit(functools.partial(decode_params, config=config))
         self._request_key = jax.jit(request_key)
 
     # -- sharding ------------------------------------------------------------
@@ -369,11 +371,11 @@ class Engine:
 
     def prepare_params(self, params):
         """Params in the form decoding reads fastest: placed on the mesh (`shard_params`;
-        no copy when already there) and split into one buffer per layer (module docstring).
+        no copy when already there), then `ada.models.decode_params` (module docstring).
         A copy of the weights; call once per set of weights. Idempotent."""
-        if isinstance(params["layers"], list | tuple):
+        if in_decode_form(params, self.config):
             return params
-        return self._unstack(self.shard_params(params))
+        return self._decode_params(self.shard_params(params))
 
     # -- the contract --------------------------------------------------------
 
