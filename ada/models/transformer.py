@@ -184,6 +184,13 @@ def count_params(params: Params) -> int:
     return sum(int(math.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
 
 
+def _per_layer(layers, num_layers: int) -> list:
+    """Stacked layer weights as a list of per-layer dicts (a list passes through)."""
+    if isinstance(layers, list | tuple):
+        return list(layers)
+    return [jax.tree.map(lambda x, i=i: x[i], layers) for i in range(num_layers)]
+
+
 def in_decode_form(params: Params, config: ModelConfig) -> bool:
     return isinstance(params["layers"], list | tuple) and (
         "lm_head" in params or not config.tie_embeddings)
@@ -196,10 +203,7 @@ def decode_params(params: Params, config: ModelConfig) -> Params:
     faster than it contracts against [V, D]). A copy of the weights; idempotent."""
     if in_decode_form(params, config):
         return params
-    layers = params["layers"]
-    if not isinstance(layers, list | tuple):
-        layers = [jax.tree.map(lambda x, i=i: x[i], layers) for i in range(config.num_layers)]
-    out = dict(params, layers=list(layers))
+    out = dict(params, layers=_per_layer(params["layers"], config.num_layers))
     if config.tie_embeddings:
         out["lm_head"] = params["embed"].T
     return out
@@ -400,9 +404,8 @@ def forward(
         # One layer at a time, each with its own weight and cache buffers (module docstring).
         block = jax.checkpoint(_block, static_argnums=(4,)) if remat else _block
         ks, vs = [], []
-        if not isinstance(layers, list | tuple):  # stacked: static slices (copies on XLA:CPU)
-            layers = [jax.tree.map(lambda x, i=i: x[i], layers) for i in range(c.num_layers)]
-        for i, layer in enumerate(layers):
+        # (stacked weights work too, as static slices: XLA:CPU copies them each call)
+        for i, layer in enumerate(_per_layer(layers, c.num_layers)):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             x, kv = block(x, layer, kv, ctx, c)
             if kv is not None:

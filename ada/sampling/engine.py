@@ -41,7 +41,7 @@ XLA:CPU.
 
 On CPU, `generate` is compiled with XLA:CPU's YNNPACK fusions off (`CPU_DECODE_OPTIONS`):
 for these skinny [slots, D] x [D, F] products and the decode attention reductions, XLA's
-own dot and loop emitters ran the step ~10% faster (benchmarks/decode.py, docs/results.md).
+own dot and loop emitters ran the step ~15% faster (benchmarks/decode.py, docs/results.md).
 """
 
 from __future__ import annotations
