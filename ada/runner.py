@@ -408,7 +408,7 @@ class Run:
         from ada.sampling.driver import Driver
 
         # the engine folds raw uint32 keys
-        return Driver(engine, engine.shard_params(params), tokenizer=self.tokenizer,
+        return Driver(engine, params, tokenizer=self.tokenizer,
                       step_key=jax.random.key_data(key))
 
     def collect(self, state, prompts, key):

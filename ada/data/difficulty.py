@@ -89,7 +89,7 @@ class EngineSampler:
         self.instruction = instruction
         self.reward_fn = reward_fn
         self.max_prompt_tokens = max_prompt_tokens
-        self.driver = Driver(engine, engine.shard_params(params), tokenizer=tokenizer,
+        self.driver = Driver(engine, params, tokenizer=tokenizer,
                              step_key=step_key)
         self.calls = 0
         self.prompts_sampled = 0

@@ -143,14 +143,19 @@ def prefill_fn(params, tokens_NxP, mask_NxP, *, config: ModelConfig) -> Prefix:
     return Prefix(cache=cache, logits=logits, lengths=mask_NxP.sum(-1).astype(jnp.int32))
 
 
+def _copy_row(dst, dst_row, src, src_row):
+    """dst with row dst_row (leading axis) replaced by src's row src_row (traced indices)."""
+    r = jax.lax.dynamic_index_in_dim(src, src_row, axis=0, keepdims=True)
+    return jax.lax.dynamic_update_slice(dst, r.astype(dst.dtype), (dst_row,) + (0,) * (dst.ndim - 1))
+
+
 def insert_fn(prefix: Prefix, state: DecodeState, slot, row, key, max_new) -> DecodeState:
     """Copy prefix row `row` into decode slot `slot` (traced ints: one compile per bucket)."""
     pc, sc = prefix.cache, state.cache
     Pl, S = pc.max_len, sc.max_len
 
-    def put_row(dst, src):  # prefix row `row` ([K, Hd, P] or [K, P, Hd]) into slot `slot`
-        r = jax.lax.dynamic_index_in_dim(src, row, axis=0, keepdims=True)
-        return jax.lax.dynamic_update_slice(dst, r.astype(dst.dtype), (slot, 0, 0, 0))
+    def put_row(dst, src):  # one layer's k or v
+        return _copy_row(dst, slot, src, row)
 
     valid_row = jnp.zeros((S,), bool).at[:Pl].set(pc.valid[row])
     cache = KVCache(
@@ -170,11 +175,7 @@ def insert_fn(prefix: Prefix, state: DecodeState, slot, row, key, max_new) -> De
 
 def move_fn(state: DecodeState, src, dst) -> DecodeState:
     """Copy slot `src` to slot `dst` and deactivate `src` (tail compaction)."""
-    def row_copy(x):
-        r = jax.lax.dynamic_index_in_dim(x, src, axis=0, keepdims=True)
-        return jax.lax.dynamic_update_slice(x, r, (dst,) + (0,) * (x.ndim - 1))
-
-    moved = jax.tree.map(row_copy, state)  # every field is slot-major
+    moved = jax.tree.map(lambda x: _copy_row(x, dst, x, src), state)  # all fields slot-major
     return moved.replace(active=moved.active.at[src].set(False))
 
 
