@@ -161,15 +161,6 @@ class Checkpointer:
         )
         return out["state"], dict(out["meta"]), int(step)
 
-    def restore_meta(self, step: int | None = None) -> dict:
-        ocp = _ocp()
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
-        path = os.path.join(self.directory, str(int(step)))
-        out = self._ckpt.restore(path, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(out["meta"])
-
     def restore_params(self, step: int | None = None) -> tuple[dict, dict]:
         """Restore the stored pytree onto this process's first device, whatever mesh wrote
         it (no target needed; for export, eval and comparisons)."""

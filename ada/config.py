@@ -17,7 +17,6 @@ import difflib
 import importlib.util
 import json
 import os
-import shlex
 import sys
 import tempfile
 import traceback
@@ -26,9 +25,10 @@ from typing import Any
 
 import ml_collections
 
-METHODS = ("grpo", "ada_pos", "ada_balance", "dapo")
-SCHEDULERS = ("rounds", "continuous")
-LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+from ada.adaptive.collect import SCHEDULERS, threshold_problem
+from ada.data.sources import BAD_ROW_POLICIES
+from ada.methods import METHODS
+from ada.rl.losses import AGG_MODES, KL_ESTIMATORS
 
 
 class ConfigError(ValueError):
@@ -118,17 +118,22 @@ def _closest(key: str, keys: Sequence[str]) -> str:
     return ", ".join(close) if close else "(none close; run with --print_config to list keys)"
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _parse_value(key: str, text: str, current: Any) -> Any:
     """Convert an override string to the type of the field it replaces."""
+    low = text.strip().lower()
     if isinstance(current, bool):
-        low = text.strip().lower()
-        if low in ("1", "true", "yes", "on"):
+        if low in _TRUE:
             return True
-        if low in ("0", "false", "no", "off"):
+        if low in _FALSE:
             return False
         raise ConfigError(f"--config.{key}={text}: expected a boolean (true/false)")
-    if text.strip() == "None":
+    if low == "none":
         return None
+    if current is None and low in ("true", "false"):  # an optional flag (None = default)
+        return low == "true"
     if isinstance(current, int):
         try:
             return int(text)
@@ -215,24 +220,11 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
         return ml_collections.ConfigDict(json.load(f))
 
 
-def normalize_std_for(method: str) -> bool:
-    """As in the official scripts: GRPO (and DAPO) divide the advantage by the group std;
-    Reinforce-Ada uses global statistics without (norm_adv_by_std_in_grpo=False)."""
-    return method in ("grpo", "dapo")
-
-
 def build_config(spec: str, overrides: Sequence[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
-    """Load a config file and apply overrides (in order).
-
-    `--config.method=X` (e.g. from a sweep) also sets the method's advantage normalisation,
-    exactly as the `:X` config argument does, unless adaptive.normalize_std is overridden too.
-    """
+    """Load a config file and apply overrides (in order)."""
     config = load_config(spec)
     for key, value in overrides:
         apply_override(config, key, value)
-    keys = {key for key, _ in overrides}
-    if "method" in keys and "adaptive.normalize_std" not in keys:
-        config.adaptive.normalize_std = normalize_std_for(config.method)
     return config
 
 
@@ -263,16 +255,6 @@ def sweep_name(overrides: dict[str, Any]) -> str:
     """A directory-safe name for one sweep point ('method=grpo,seed=1')."""
     text = ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()) or "base"
     return "".join(c if c.isalnum() or c in "=,._-" else "_" for c in text)
-
-
-def sweep_commands(sweep_path: str, workdir: str, entry: str = "python -m ada.runner") -> list[str]:
-    base, runs = load_sweep(sweep_path)
-    cmds = []
-    for r in runs:
-        wd = os.path.join(workdir, sweep_name(r))
-        args = [*shlex.split(entry), "--config", base, *overrides_to_args(r), "--workdir", wd]
-        cmds.append(shlex.join(args))
-    return cmds
 
 
 # ----------------------------------------------------------------------------- validation
@@ -324,28 +306,35 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
             problems.append(msg)
 
     method = _get(config, "method")
-    need(method in METHODS, f"method={method!r} is not one of {METHODS}")
+    need(method in METHODS, f"method={method!r} is not one of {', '.join(METHODS)}")
     a = config.adaptive
     need(a.n >= 2, f"adaptive.n={a.n} must be >= 2 (a group of one has no baseline)")
     need(a.samples_per_round >= 1, f"adaptive.samples_per_round={a.samples_per_round} must be >= 1")
     need(a.max_rounds >= 1, f"adaptive.max_rounds={a.max_rounds} must be >= 1")
-    if method in ("ada_pos", "ada_balance"):
+    if method in METHODS and METHODS[method].adaptive_rounds:
         need(a.samples_per_round * a.max_rounds >= a.n,
              f"adaptive.samples_per_round*max_rounds={a.samples_per_round * a.max_rounds} < n={a.n}; "
              "raise samples_per_round or max_rounds")
     need(a.scheduler in SCHEDULERS, f"adaptive.scheduler={a.scheduler!r} is not one of {SCHEDULERS}")
-    lo, hi = a.reward_range
-    need(lo < a.positive_threshold < hi,
-         f"adaptive.positive_threshold={a.positive_threshold} is outside the reward range "
-         f"({lo}, {hi}); set it strictly inside")
+    problem = threshold_problem(a.positive_threshold, a.reward_range)
+    need(problem is None, "adaptive." + str(problem).replace("threshold=", "positive_threshold=", 1))
+    need(a.normalize_std in (None, True, False),
+         f"adaptive.normalize_std={a.normalize_std!r} must be None (the method's own), true or false")
     d = config.data
     need(d.prompts_per_step >= 1, f"data.prompts_per_step={d.prompts_per_step} must be >= 1")
+    on_bad_row = d.get("on_bad_row", "raise")  # absent from runs older than the key
+    need(on_bad_row in BAD_ROW_POLICIES,
+         f"data.on_bad_row={on_bad_row!r} is not one of {BAD_ROW_POLICIES}")
     o = config.optim
     need(o.lr > 0, f"optim.lr={o.lr} must be > 0")
     need(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0")
     need(0 <= o.clip_low < 1 and o.clip_high >= 0,
          f"optim.clip_low/clip_high={o.clip_low}/{o.clip_high}: need 0 <= clip_low < 1, clip_high >= 0")
-    need(o.loss_agg in LOSS_AGG, f"optim.loss_agg={o.loss_agg!r} is not one of {LOSS_AGG}")
+    need(o.loss_agg in AGG_MODES, f"optim.loss_agg={o.loss_agg!r} is not one of {AGG_MODES}")
+    need(o.kl_coef >= 0, f"optim.kl_coef={o.kl_coef} must be >= 0 (0 disables the KL term)")
+    kl_estimator = o.get("kl_estimator", "k3")
+    need(kl_estimator in KL_ESTIMATORS,
+         f"optim.kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}")
     splits = o.mini_batches * o.micro_batches
     need(o.mini_batches >= 1 and o.micro_batches >= 1 and d.prompts_per_step * a.n % splits == 0,
          f"optim.mini_batches*micro_batches={splits} must divide prompts_per_step*n="
@@ -378,10 +367,6 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
                               "model directory with --config.model.path=DIR")
     if workdir is not None:
         check_workdir(workdir)
-
-
-def to_dict(config: ml_collections.ConfigDict) -> dict:
-    return config.to_dict()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

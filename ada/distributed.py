@@ -67,14 +67,6 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     return jax.process_count() > 1
 
 
-def process_index() -> int:
-    return jax.process_index()
-
-
-def process_count() -> int:
-    return jax.process_count()
-
-
 def is_main() -> bool:
     return jax.process_index() == 0
 
@@ -94,33 +86,9 @@ def global_sum(x: Any) -> np.ndarray:
     return allgather(x).sum(axis=0)
 
 
-def global_max(x: Any) -> np.ndarray:
-    return allgather(x).max(axis=0)
-
-
-def broadcast(x: Any) -> Any:
-    """Process 0's value of a pytree of host arrays, on every process."""
-    if jax.process_count() == 1:
-        return x
-    from jax.experimental import multihost_utils
-
-    return multihost_utils.broadcast_one_to_all(x)
-
-
 def sync(name: str) -> None:
     """Barrier across processes (no-op single-process)."""
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-def shard_slice(total: int, index: int | None = None, count: int | None = None) -> slice:
-    """This process's contiguous part of `total` items; `total` must divide evenly."""
-    index = jax.process_index() if index is None else index
-    count = jax.process_count() if count is None else count
-    if total % count:
-        raise ValueError(f"{total} items do not split over {count} processes; make the global "
-                         f"batch (data.prompts_per_step) a multiple of the process count")
-    per = total // count
-    return slice(index * per, (index + 1) * per)

@@ -1,4 +1,4 @@
-"""Held-out evaluation: avg@k and the unbiased pass@k estimator, scored with the verifier.
+"""Held-out evaluation: avg@k and the unbiased pass@k estimator, scored with the task's reward.
 
 avg@k is the mean correctness over k samples per prompt (the paper reports avg@32 at
 temperature 1.0). pass@k for k below the number of samples s uses the unbiased estimator
@@ -8,20 +8,24 @@ of Chen et al. (2021): with c correct out of s,
 
 computed as a product so it stays exact-ish for large s.
 
-CLI: evaluate a run's checkpoint (or a Hugging Face directory) on a benchmark file:
+CLI (`ada.cli.eval_main`): evaluate a run's checkpoint (or a Hugging Face directory) on a
+benchmark file:
 
     python -m ada.evaluate --workdir runs/default [--step 40] --benchmark FILE.jsonl \
-        [--samples 8] [--temperature 1.0] [--limit 100] [--json out.json]
+        [--samples 8] [--temperature 1.0] [--limit 100] [--max_prompt_len 256] [--json out.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
+
+from ada import distributed
+from ada.rewards.score import score
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -35,77 +39,55 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
 
 
-def summarize(correct_PxS: np.ndarray, pass_k: Sequence[int] = (1,)) -> dict[str, float]:
-    """avg@S, pass@k (unbiased, averaged over prompts) and accuracy (= avg@S)."""
-    correct_PxS = np.asarray(correct_PxS, dtype=bool)
-    if correct_PxS.ndim != 2 or correct_PxS.shape[0] == 0:
-        raise ValueError(f"correctness must be [prompts, samples] with prompts > 0; got {correct_PxS.shape}")
-    P, S = correct_PxS.shape
-    c_P = correct_PxS.sum(axis=1)
-    out = {f"avg@{S}": float(correct_PxS.mean()), "accuracy": float(correct_PxS.mean())}
+def summarize(correct_P: np.ndarray, samples: int, pass_k: Sequence[int] = (1,)) -> dict[str, float]:
+    """avg@S (= accuracy) and pass@k (unbiased, averaged over prompts) from the number of
+    correct responses of each prompt among `samples`."""
+    correct_P = np.asarray(correct_P, np.int64)
+    if correct_P.ndim != 1 or correct_P.size == 0:
+        raise ValueError(f"correct counts must be [prompts] with prompts > 0; got {correct_P.shape}")
+    accuracy = float(correct_P.sum() / (correct_P.size * samples))
+    out = {f"avg@{samples}": accuracy, "accuracy": accuracy}
     for k in pass_k:
-        if k > S:
-            raise ValueError(f"pass@{k} needs at least {k} samples per prompt; have {S}")
-        out[f"pass@{k}"] = float(np.mean([pass_at_k(S, int(c), k) for c in c_P]))
-    out["num_prompts"] = P
-    out["samples"] = S
+        if k > samples:
+            raise ValueError(f"pass@{k} needs at least {k} samples per prompt; have {samples}")
+        out[f"pass@{k}"] = float(np.mean([pass_at_k(samples, int(c), k) for c in correct_P]))
     return out
 
 
-GenerateFn = Callable[[Sequence[dict], int], list[list[str]]]
-RewardFn = Callable[[dict, str], float]
+SampleFn = Callable[[Sequence[dict], int, int], list[list[str]]]
 
 
-def evaluate(records: Sequence[dict], generate: GenerateFn, reward: RewardFn, samples: int,
-             pass_k: Sequence[int] = (1,), threshold: float = 0.5) -> tuple[dict, np.ndarray]:
-    """Sample `samples` responses per record, score each, return (summary, correct [P, S])."""
-    texts = generate(records, samples)
-    if len(texts) != len(records) or any(len(t) != samples for t in texts):
-        raise ValueError("generate() must return `samples` responses for every record")
-    correct = np.zeros((len(records), samples), bool)
-    for i, (rec, outs) in enumerate(zip(records, texts, strict=True)):
-        for j, text in enumerate(outs):
-            try:
-                r = float(reward(rec, text))
-            except Exception:  # the reward contract says never raise; be safe anyway
-                r = 0.0
-            correct[i, j] = np.isfinite(r) and r > threshold
-    return summarize(correct, pass_k), correct
+def evaluate(records: Sequence[dict], sample: SampleFn, reward, *, samples: int,
+             pass_k: Sequence[int] = (1,), threshold: float = 0.5) -> dict[str, float]:
+    """`eval_`-prefixed avg@k / pass@k (and accuracy per difficulty level, when records
+    have one) of `samples` responses per record, each scored correct iff reward > threshold.
 
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ada.evaluate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", help="a run directory (its config.json and checkpoints/)")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    p.add_argument("--model", default="", help="a Hugging Face model directory instead of a run")
-    p.add_argument("--config", default="", help="config for --model (default configs/default.py)")
-    p.add_argument("--benchmark", default="", help="JSONL with problem/answer rows (default: the run's eval split)")
-    p.add_argument("--samples", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--max_new_tokens", type=int, default=None)
-    p.add_argument("--pass_k", default="", help="comma-separated k values")
-    p.add_argument("--limit", type=int, default=0, help="evaluate only the first N prompts")
-    p.add_argument("--json", default="", help="write the summary here")
-    args = p.parse_args(argv)
-
-    from ada.config import ConfigError
-
-    try:
-        from ada import runner
-
-        summary = runner.evaluate_cli(args)
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary, indent=2, sort_keys=True))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
-    return 0
+    `sample(records, k, first_prompt_id) -> texts [len(records)][k]`. Every process samples
+    and scores its contiguous share of the records; the correct counts are summed over
+    processes, so all of them return the same numbers.
+    """
+    pidx, pcount = jax.process_index(), jax.process_count()
+    per = math.ceil(len(records) / pcount)
+    mine = list(records[pidx * per:(pidx + 1) * per])
+    correct = np.zeros(len(records), np.int64)
+    if mine:
+        texts = sample(mine, samples, pidx * per)
+        if len(texts) != len(mine) or any(len(t) != samples for t in texts):
+            raise ValueError("sample() must return `samples` responses for every record")
+        rewards, _ = score(reward, [r for r in mine for _ in range(samples)],
+                           [t for row in texts for t in row])
+        correct[pidx * per: pidx * per + len(mine)] = (
+            (rewards > threshold).reshape(len(mine), samples).sum(1))
+    correct = np.asarray(distributed.global_sum(correct), np.int64)
+    out = {f"eval_{k}": v for k, v in summarize(correct, samples, pass_k).items()}
+    levels = sorted({r["difficulty"] for r in records if r.get("difficulty") is not None})
+    for lv in levels:
+        idx = [i for i, r in enumerate(records) if r.get("difficulty") == lv]
+        out[f"eval_accuracy_level{lv}"] = float(correct[idx].sum() / (len(idx) * samples))
+    return out
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ada.cli import eval_main
+
+    sys.exit(eval_main())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -177,29 +176,6 @@ class Progress:
             self._bar = None
 
 
-class Timer:
-    """`with timer('collect'): ...` accumulates seconds per name."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    def __call__(self, name: str):
-        timer = self
-
-        class _Ctx:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.t0
-
-        return _Ctx()
-
-    def pop(self) -> dict[str, float]:
-        out, self.seconds = self.seconds, {}
-        return out
-
-
 # ----------------------------------------------------------------------------- plots
 
 
@@ -211,27 +187,48 @@ def series(rows: Sequence[dict], key: str, x: str = "step") -> tuple[np.ndarray,
     return np.asarray(xs, float), np.asarray(ys, float)
 
 
-PLOT_KEYS = ("reward_mean", "eval_accuracy", "zero_variance_share", "samples_per_prompt")
+PLOT_KEYS = ("reward_round0_mean", "reward_mean", "eval_accuracy", "zero_variance_share",
+             "samples_per_prompt")
+
+# Panel titles in plain words (the metric's own name is the panel's y label). A key without
+# an entry is titled by its name.
+PLOT_TITLES = {
+    "reward_round0_mean": "policy accuracy on the batch (first round)",
+    "reward_mean": "kept-group reward (≈0.5 by construction under balance)",
+    "pool_reward_mean": "share of correct responses among all drawn",
+    "eval_accuracy": "held-out eval accuracy",
+    "zero_variance_share": "share of prompts whose kept group has no learning signal "
+                           "(all rewards equal)",
+    "samples_per_prompt": "responses drawn per prompt (sampling cost)",
+}
 
 
 def plot_run(workdir: str, keys: Iterable[str] = PLOT_KEYS, out: str | None = None) -> str | None:
-    """One PNG with a panel per metric against steps; returns its path (None if no data)."""
+    """One PNG with a panel per metric against training steps, up to three panels a row;
+    returns its path (None if no data)."""
     rows = read_jsonl(os.path.join(workdir, METRICS_FILE))
     keys = [k for k in keys if len(series(rows, k)[0])]
     if not keys:
         return None
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
-    for ax, k in zip(axes[0], keys, strict=True):
+    ncols = min(3, len(keys))
+    nrows = math.ceil(len(keys) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
+    for ax, k in zip(axes.flat, keys, strict=False):
         xs, ys = series(rows, k)
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3)
-        ax.set_title(k)
-        ax.set_xlabel("step")
+        ax.set_title(textwrap.fill(PLOT_TITLES.get(k, k), 48), fontsize=10)
+        ax.set_ylabel(k, fontsize=8, color="0.4")
+        ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
     fig.tight_layout()
     out = out or os.path.join(workdir, "metrics.png")
     fig.savefig(out, dpi=100)

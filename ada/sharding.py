@@ -15,8 +15,8 @@ The mesh has three named axes:
 
 The batch's leading axis is split over data x fsdp. A dimension whose size does not divide
 its mesh axes is replicated on that dimension (e.g. 2 KV heads on tensor=4 would not split
-evenly) rather than padded; `describe()` shows what was chosen. The sampling engine and the
-runner use the same tables, so a parameter never moves between the two.
+evenly) rather than padded. The sampling engine and the runner use the same tables, so a
+parameter never moves between the two.
 """
 
 from __future__ import annotations
@@ -198,21 +198,6 @@ def state_shardings(tree: Any, params_shardings: Any, params: Any, mesh: Mesh) -
         return replicated
 
     return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_shape)
-
-
-def describe(params_or_shapes: Any, mesh: Mesh) -> str:
-    """One line per parameter: path, shape, logical axes, PartitionSpec."""
-    shardings = param_shardings(params_or_shapes, mesh)
-    axes = logical_axes(params_or_shapes)
-    lines = []
-    for (path, leaf), ax, sh in zip(
-        jax.tree_util.tree_flatten_with_path(params_or_shapes, is_leaf=_is_shape)[0],
-        jax.tree_util.tree_leaves(axes, is_leaf=lambda x: isinstance(x, tuple)),
-        jax.tree_util.tree_leaves(shardings),
-        strict=True,
-    ):
-        lines.append(f"{path_name(path):18s} {str(tuple(_shape(leaf))):22s} {ax} -> {sh.spec}")
-    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- batch

@@ -30,7 +30,7 @@ import time
 import jax
 import numpy as np
 
-from ada.adaptive.collect import Collector, method_config
+from ada.adaptive.collect import Collector
 from ada.adaptive.simulate import (
     SimPrompt,
     SimulatedDriver,
@@ -39,9 +39,11 @@ from ada.adaptive.simulate import (
     sim_reward,
     uniform_group_share,
 )
+from ada.methods import collect_config as method_config
 
-METHODS = ("grpo_n4", "grpo_n32", "dapo", "ada_pos", "ada_balance", "ada_balance_continuous",
-           "exhaustive")
+# ada/methods.py names, plus GRPO at n = 4 and n = M x N and Ada-balance's continuous scheduler
+VARIANTS = ("grpo_n4", "grpo_n32", "dapo", "ada_pos", "ada_balance", "ada_balance_continuous",
+            "exhaustive")
 MIXES = ("skewed", "uniform")
 
 
@@ -50,6 +52,9 @@ def config_of(method: str, n: int, M: int, N: int):
         return method_config("grpo", n=n)
     if method == "grpo_n32":
         return method_config("grpo", n=M * N)
+    if method == "ada_balance_continuous":
+        return method_config("ada_balance", n=n, samples_per_round=M, max_rounds=N,
+                             scheduler="continuous")
     return method_config(method, n=n, samples_per_round=M, max_rounds=N)
 
 
@@ -60,7 +65,7 @@ def run_simulated(args) -> dict:
         first = list(itertools.islice(prompt_stream(mix, args.seed), args.prompts * args.batches))
         out[mix]["_uniform_group_share_n4"] = uniform_group_share(
             [p.pass_rate for p in first], args.n)
-        for method in METHODS:
+        for method in VARIANTS:
             cfg = config_of(method, args.n, args.M, args.N)
             drv = SimulatedDriver(SimulatedPolicy(seed=args.seed), args.slots)
             col = Collector(cfg, sim_reward, driver=drv)
@@ -105,7 +110,7 @@ def run_engine(args) -> dict:
     from ada.models.presets import preset
     from ada.models.transformer import init_params
     from ada.sampling.driver import Driver
-    from ada.sampling.driver import Request as EngineRequest
+    from ada.sampling.driver import Request
     from ada.sampling.engine import Engine
 
     config = preset("tiny", family="qwen2")
@@ -125,7 +130,7 @@ def run_engine(args) -> dict:
 
     def make_request(r):
         _, length = policy.outcome(r.prompt, r.sample_idx)
-        return EngineRequest(prompt_tokens(r.prompt), r.prompt_id, r.sample_idx, length)
+        return Request(prompt_tokens(r.prompt), r.prompt_id, r.sample_idx, length)
 
     def reward(prompt, completion):  # known pass rate, independent of the random model's text
         if completion.finish_reason == "error":
@@ -187,7 +192,7 @@ def main(argv=None):
     print(f"{'mix':8s} {'method':24s} {'samples/prompt':>15s} {'mixed share':>12s} "
           f"{'samples/mixed':>14s} {'sim steps':>10s}")
     for mix in MIXES:
-        for m in METHODS:
+        for m in VARIANTS:
             r = sim[mix][m]
             print(f"{mix:8s} {m:24s} {r['samples_per_prompt']:15.2f} {r['mixed_share']:12.3f} "
                   f"{r['samples_per_mixed_prompt']:14.2f} {r['sim_decode_steps']:10.0f}")

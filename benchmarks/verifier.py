@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write the rows to this JSON file")
     args = parser.parse_args()
 
+    from ada.data.synthetic import make_dataset
     from ada.rewards import math_verifier as mv
     from ada.rewards import tasks
 
@@ -88,7 +89,7 @@ def main() -> None:
                 correct=round(float(got.mean()), 3), timeouts=verifier.stats.timeouts)
 
     for task, fn in (("arithmetic", tasks.arithmetic_reward), ("countdown", tasks.countdown_reward)):
-        records = tasks.make_dataset(task, 500, seed=0, difficulty_mix={1: 1, 2: 1, 3: 1})
+        records = make_dataset(task, 500, seed=0, difficulty_mix={1: 1, 2: 1, 3: 1})
         answers = [f"= {r['answer']}" if task == "arithmetic" else f"Answer: {r['solution']}" for r in records]
         t0 = time.perf_counter()
         got = [fn(r, a) for r, a in zip(records * 4, answers * 4, strict=True)]

@@ -1,7 +1,7 @@
 """The full config schema with neutral defaults; every knob is named once, here.
 
-Config files start from `base()` and change what their setup needs. `set_method` applies
-one of the compared methods (the only thing that differs between GRPO, Ada-pos and
+Config files start from `base()` and change what their setup needs. `set_method` picks
+one of the methods of `ada.methods` (the only thing that differs between GRPO, Ada-pos and
 Ada-balance runs of the same setup).
 """
 
@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import ml_collections
 
-from ada.config import normalize_std_for
-
-METHODS = ("grpo", "ada_pos", "ada_balance", "dapo")
+from ada import methods
 
 
 def base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     # grpo: one round of n per prompt; ada_pos / ada_balance: rounds of M until the exit
-    # rule holds (at most N rounds), then down-sample to n; dapo: drop uniform groups.
+    # rule holds (at most N rounds), then down-sample to n; dapo: drop uniform groups;
+    # exhaustive: the whole M x N budget. The table is ada/methods.py.
     c.method = "ada_balance"
 
     c.model = ml_collections.ConfigDict()
@@ -45,11 +44,12 @@ def base() -> ml_collections.ConfigDict:
     c.data.reward = ""  # 'package.module:function' to replace the task's reward
     c.data.num_train = 4096  # synthetic tasks: size of the generated splits
     c.data.num_eval = 64
-    c.data.difficulty = "1:1,2:1,3:1"  # synthetic: level:weight (ada.rewards.tasks levels)
+    c.data.difficulty = "1:1,2:1,3:1"  # synthetic: level:weight (ada.data.synthetic levels)
     c.data.task_seed = 0  # synthetic: seed of the generated train/test splits
     c.data.prompts_per_step = 8
     c.data.max_prompt_len = 32
     c.data.shuffle = True
+    c.data.on_bad_row = "raise"  # jsonl / parquet: raise | skip (count and log) a malformed row
 
     c.adaptive = ml_collections.ConfigDict()
     c.adaptive.n = 4  # responses kept per prompt
@@ -58,7 +58,8 @@ def base() -> ml_collections.ConfigDict:
     c.adaptive.scheduler = "rounds"  # rounds | continuous
     c.adaptive.positive_threshold = 0.5
     c.adaptive.reward_range = (0.0, 1.0)
-    c.adaptive.normalize_std = False  # divide the advantage by the pool's std (GRPO-style)
+    # Divide the advantage by the std: None = the method's own (grpo, dapo: yes; ada: no).
+    c.adaptive.normalize_std = None
     c.adaptive.dapo_max_batches = 4  # dapo: how many extra prompt batches it may draw
 
     c.sampling = ml_collections.ConfigDict()
@@ -86,7 +87,8 @@ def base() -> ml_collections.ConfigDict:
     c.optim.dual_clip = 10.0
     c.optim.loss_agg = "token-mean"
     c.optim.entropy_coef = 1e-4
-    c.optim.kl_coef = 0.0
+    c.optim.kl_coef = 0.0  # > 0: KL to the initial policy (a frozen copy) in the loss
+    c.optim.kl_estimator = "k3"  # k1 | k2 | k3 (Schulman's estimators; k3 = verl's low_var_kl)
     c.optim.mini_batches = 1  # PPO mini-batches per step (optimizer updates per step)
     c.optim.epochs = 1
     c.optim.micro_batches = 1  # gradient-accumulation splits of each mini-batch
@@ -127,12 +129,8 @@ def base() -> ml_collections.ConfigDict:
 
 
 def set_method(c: ml_collections.ConfigDict, method: str | None) -> ml_collections.ConfigDict:
-    if method is None:
-        return c
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
-    c.method = method
-    c.adaptive.normalize_std = normalize_std_for(method)
+    if method is not None:
+        c.method = methods.get(method).name
     return c
 
 
@@ -165,7 +163,8 @@ def paper(model_path: str, family: str, template: str, method: str | None) -> ml
     c.optim.clip_low = 0.2
     c.optim.clip_high = 0.28
     c.optim.entropy_coef = 1e-4
-    c.optim.kl_coef = 0.0
+    c.optim.kl_coef = 0.0  # > 0: KL to the initial policy (a frozen copy) in the loss
+    c.optim.kl_estimator = "k3"  # k1 | k2 | k3 (Schulman's estimators; k3 = verl's low_var_kl)
     c.optim.loss_agg = "token-mean"
     c.optim.mini_batches = 4  # 512 prompts x 4 = 2048 responses, mini-batches of 512
     c.train.steps = 600

@@ -29,14 +29,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ada import config as cfglib  # noqa: E402
 from ada.metrics import read_jsonl, series  # noqa: E402
 
-METHODS = ("grpo", "ada_pos", "ada_balance")
+COMPARED = ("grpo", "ada_pos", "ada_balance")  # names from ada/methods.py
 
 
 def run_all(args, overrides) -> dict[str, list[list[dict]]]:
-    from ada import runner
+    from ada.loop import train
 
     out = {}
-    for method in METHODS:
+    for method in COMPARED:
         out[method] = []
         for seed in args.seeds:
             wd = os.path.join(args.workdir, method, f"seed{seed}")
@@ -46,7 +46,7 @@ def run_all(args, overrides) -> dict[str, list[list[dict]]]:
             done = os.path.exists(os.path.join(wd, "summary.json"))
             if not done:
                 print(f"== {method} seed {seed} -> {wd}", flush=True)
-                runner.train(cfg, wd)
+                train(cfg, wd)
             out[method].append(read_jsonl(os.path.join(wd, "metrics.jsonl")))
     return out
 
@@ -98,7 +98,7 @@ def table(summary: dict) -> str:
         "| samples drawn | zero-variance share | samples/prompt |",
         "|---|---|---|---|---|---|",
     ]
-    for m in METHODS:
+    for m in COMPARED:
         s = summary[m]
         lines.append(
             f"| {m} | {s['final_eval_accuracy']:.3f} ± {s['final_eval_accuracy_std']:.3f} "

@@ -11,8 +11,7 @@ from ada.adaptive.collect import (
     CollectConfig,
     Collector,
     DispatchPolicy,
-    Request,
-    method_config,
+    SampleRequest,
 )
 from ada.adaptive.simulate import (
     SimPrompt,
@@ -21,6 +20,8 @@ from ada.adaptive.simulate import (
     prompt_stream,
     sim_reward,
 )
+from ada.methods import collect_config as method_config
+from ada.rl.advantages import advantages
 
 THR = 0.7
 
@@ -95,7 +96,7 @@ def test_rounds_match_reference(prompts, rule):
 
 def test_continuous_one_slot_is_sequential(prompts):
     pol = SimulatedPolicy(seed=2)
-    cfg = method_config("ada_balance_continuous")
+    cfg = method_config("ada_balance", scheduler="continuous")
     out = Collector(cfg, sim_reward, driver=SimulatedDriver(pol, 1)).collect(
         prompts, jax.random.key(0))
     want = ref_sequential(outcomes(prompts, pol, cfg.budget), "balance", 4, cfg.budget)
@@ -108,7 +109,7 @@ def test_continuous_same_exit_decisions_as_rounds(prompts, slots):
     pol = SimulatedPolicy(seed=3)
     rounds = Collector(method_config("ada_balance"), sim_reward,
                        driver=SimulatedDriver(pol, 16)).collect(prompts, jax.random.key(1))
-    cont = Collector(method_config("ada_balance_continuous"), sim_reward,
+    cont = Collector(method_config("ada_balance", scheduler="continuous"), sim_reward,
                      driver=SimulatedDriver(pol, slots)).collect(prompts, jax.random.key(1))
     np.testing.assert_array_equal(cont.done, rounds.done)
     np.testing.assert_array_equal(cont.mixed, rounds.mixed)
@@ -135,8 +136,9 @@ def test_grpo_keeps_its_one_round(prompts):
     assert np.all(out.samples == 4)
     assert np.all(np.sort(out.sample_idx, axis=1) == np.arange(4))
     # GRPO's pool is its group: pool and group baselines share the mean
-    a_pool = np.asarray(out.advantages("pool", norm_by_std=False))
-    a_group = np.asarray(out.advantages("group", norm_by_std=False))
+    a_pool, a_group = (np.asarray(advantages(out.rewards, stats_from=stats, pool=out.pool,
+                                             group_valid_PxN=out.group_valid, norm_by_std=False))
+                       for stats in ("pool", "group"))
     np.testing.assert_allclose(a_pool, a_group, atol=1e-6)
 
 
@@ -194,11 +196,12 @@ def test_generate_callable_round_loop(prompts):
             out += d.step()
         return out[::-1]  # arrival order must not matter
 
-    a = Collector(method_config("ada_pos"), sim_reward, generate=generate,
-                  prompt_id_offset=1000).collect(prompts, jax.random.key(3))
+    a = Collector(method_config("ada_pos"), sim_reward, generate=generate, process_index=2,
+                  process_count=3).collect(prompts, jax.random.key(3))
     b = Collector(method_config("ada_pos"), sim_reward, driver=SimulatedDriver(pol, 3),
-                  prompt_id_offset=1000).collect(prompts, jax.random.key(3))
-    assert all(c.prompt_id >= 1000 for row in b.completions for c in row)  # engine-facing ids
+                  process_index=2, process_count=3).collect(prompts, jax.random.key(3))
+    first = 2 * len(prompts)  # engine-facing ids: this process's global rows
+    assert all(c.prompt_id >= first for row in b.completions for c in row)
     np.testing.assert_array_equal(a.sample_idx, b.sample_idx)
     np.testing.assert_array_equal(a.samples, b.samples)
 
@@ -206,8 +209,8 @@ def test_generate_callable_round_loop(prompts):
 @pytest.mark.parametrize("kwargs, setting", [
     (dict(samples_per_round=1, max_rounds=3, n=4), "samples_per_round or max_rounds"),
     (dict(n=1), "raise n"),
-    (dict(threshold=1.0), "set threshold inside reward_range"),
-    (dict(threshold=-0.5), "set threshold inside reward_range"),
+    (dict(threshold=1.0), "outside the reward range"),
+    (dict(threshold=-0.5), "outside the reward range"),
     (dict(rule="balanced"), "rule="),
     (dict(scheduler="async"), "scheduler="),
 ])
@@ -218,7 +221,7 @@ def test_config_rejects_inconsistent_settings(kwargs, setting):
 
 def test_collector_needs_an_engine():
     with pytest.raises(ValueError, match="driver"):
-        Collector(method_config("ada_balance_continuous"), sim_reward, generate=lambda r: [])
+        Collector(method_config("ada_balance", scheduler="continuous"), sim_reward, generate=lambda r: [])
     with pytest.raises(ValueError, match="more_prompts"):
         Collector(method_config("dapo"), sim_reward, generate=lambda r: []).collect(
             [SimPrompt(0, 0.5)], jax.random.key(0))
@@ -242,7 +245,7 @@ def test_dispatch_policy_prefers_uncovered_then_least_loaded():
 
 
 def test_request_echoes_ids():
-    r = Request(3, 5, "p")
+    r = SampleRequest(3, 5, "p")
     assert (r.prompt_id, r.sample_idx, r.prompt) == (3, 5, "p")
 
 
@@ -284,3 +287,51 @@ def test_batch_reward_scores_each_round_in_one_call(prompts, scheduler):
     assert fallback.item_calls == int(again.samples.sum())
     np.testing.assert_array_equal(again.rewards, plain.rewards)
     np.testing.assert_array_equal(again.sample_idx, plain.sample_idx)
+
+
+class RecordingDriver(SimulatedDriver):
+    """A SimulatedDriver that remembers every engine-facing prompt id it was asked for."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.prompt_ids = set()
+
+    def submit(self, request):
+        self.prompt_ids.add(request.prompt_id)
+        super().submit(request)
+
+
+def test_dapo_prompt_ids_are_unique_across_processes():
+    """Two processes, each DAPO drawing three prompt batches (all-wrong prompts never fill):
+    no two prompts anywhere share an engine-facing id, so none share a sampling stream. The
+    old ids (b * P + process * P) gave process 0's second batch process 1's first ids."""
+    P = 4
+    seen = []
+    for pidx in range(2):
+        first = [SimPrompt(100 * pidx + i, 0.0) for i in range(P)]
+        more = [SimPrompt(100 * pidx + 10 + i, 0.0) for i in range(2 * P)]
+        drv = RecordingDriver(SimulatedPolicy(), 8)
+        out = Collector(method_config("dapo", max_prompt_batches=3), sim_reward, driver=drv,
+                        process_index=pidx, process_count=2).collect(
+            first, jax.random.key(0), more_prompts=more)
+        assert out.metrics["prompt_batches"] == 3 and len(drv.prompt_ids) == 3 * P
+        seen.append(drv.prompt_ids)
+    assert not seen[0] & seen[1], sorted(seen[0] & seen[1])
+
+
+@pytest.mark.parametrize("method", ["ada_balance", "grpo"])
+def test_round0_reward_is_the_policys_accuracy(method):
+    """reward_round0_mean's numerator/denominator cover the first M draws of every prompt:
+    the policy's own accuracy, not the kept groups (which balance pulls to 1/2)."""
+    prompts = [SimPrompt(i, p) for i, p in enumerate([0.05, 0.1, 0.2, 0.9, 0.95, 0.5])]
+    pol = SimulatedPolicy(seed=4)
+    cfg = method_config(method, n=4, samples_per_round=8, max_rounds=4)
+    out = Collector(cfg, sim_reward, driver=SimulatedDriver(pol, 16)).collect(
+        prompts, jax.random.key(0))
+    M = cfg.samples_per_round
+    expect = [float(pol.outcome(p, s)[0]) for p in prompts for s in range(M)]
+    assert out.metrics["round0_samples"] == len(expect)
+    assert out.metrics["round0_reward_sum"] == pytest.approx(sum(expect))
+    if method == "ada_balance":
+        kept = out.rewards[out.group_valid].mean()
+        assert abs(kept - 0.5) < abs(np.mean(expect) - 0.5)

@@ -30,7 +30,7 @@ def test_paper_configs(name, method):
     assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.entropy_coef) == (1e-6, 10, 1e-4)
     assert (cfg.optim.clip_low, cfg.optim.clip_high) == (0.2, 0.28)
     assert (cfg.train.steps, cfg.sampling.max_new_tokens, cfg.sampling.temperature) == (600, 4096, 1.0)
-    assert cfg.adaptive.normalize_std == (method == "grpo")
+    assert cfg.adaptive.normalize_std is None  # the method's own: ada.methods
     # the weights are not here: validation names the model path
     with pytest.raises(C.ConfigError, match="model path .* does not exist"):
         C.validate(cfg)
@@ -112,13 +112,6 @@ def test_workdir_is_a_file(tmp_path):
         C.check_workdir(str(f / "sub"))
 
 
-def test_sweep_commands(tmp_path):
-    cmds = C.sweep_commands(os.path.join(ROOT, "configs", "sweep_methods.py"), str(tmp_path))
-    assert len(cmds) == 9  # 3 methods x 3 seeds
-    assert all("--config.method=" in c and "--config.seed=" in c for c in cmds)
-    assert len({c.split("--workdir ")[1] for c in cmds}) == 9
-
-
 def test_cli_one_line_errors(tmp_path):
     """The runner's CLI stops before any compile with exit code 2 and one line."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -134,10 +127,60 @@ def test_cli_one_line_errors(tmp_path):
         assert len(lines) == 1 and needle in lines[0], r.stderr
 
 
-def test_method_override_sets_its_advantage_normalisation():
-    """--config.method=grpo (what sweeps pass) must equal the :grpo config argument."""
+def test_method_override_equals_the_config_argument():
+    """--config.method=grpo (what sweeps pass) must equal the :grpo config argument; the
+    advantage normalisation is the method's own unless adaptive.normalize_std is set."""
     by_arg = C.build_config(DEFAULT + ":grpo")
     by_override = C.build_config(DEFAULT, [("method", "grpo")])
-    assert by_override.adaptive.normalize_std == by_arg.adaptive.normalize_std is True
+    assert by_override.to_dict() == by_arg.to_dict()
+    assert by_arg.adaptive.normalize_std is None
     kept = C.build_config(DEFAULT, [("method", "grpo"), ("adaptive.normalize_std", "false")])
     assert kept.adaptive.normalize_std is False
+    C.validate(kept)
+
+
+@pytest.mark.parametrize("threshold, ok", [(0.0, True), (0.5, True), (0.999, True), (1.0, False),
+                                           (-0.1, False)])
+def test_threshold_range_agrees_with_the_collector(threshold, ok):
+    """The run config and CollectConfig accept the same thresholds: positive iff r > thr,
+    so thr may equal the reward range's low end but not its high end."""
+    from ada import setup
+
+    cfg = C.build_config(DEFAULT, [("adaptive.positive_threshold", str(threshold))])
+    if ok:
+        C.validate(cfg)
+        assert setup.collect_config(cfg).threshold == threshold
+    else:
+        with pytest.raises(C.ConfigError, match="positive_threshold"):
+            C.validate(cfg)
+        with pytest.raises(ValueError, match="threshold"):
+            setup.collect_config(cfg)
+
+
+def test_methods_are_defined_once():
+    """ada/methods.py is the only table of methods: no other module lists them."""
+    import re
+
+    from ada import methods
+
+    hits = []
+    for folder in ("ada", "configs", "experiments", "benchmarks"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+            for f in files:
+                path = os.path.join(dirpath, f)
+                if f.endswith(".py") and path != methods.__file__:
+                    text = open(path).read()
+                    if re.search(r"^\s*METHODS\s*=", text, re.M):
+                        hits.append(path)
+    assert not hits, hits
+
+
+def test_sweep_prints_one_validated_command_per_point(tmp_path, capsys):
+    from ada.cli import train_main
+
+    sweep = os.path.join(ROOT, "configs", "sweep_methods.py")
+    assert train_main(["--sweep", sweep, "--workdir", str(tmp_path), "--print"]) == 0
+    cmds = capsys.readouterr().out.strip().splitlines()
+    assert len(cmds) == 9  # 3 methods x 3 seeds
+    assert all("--config.method=" in c and "--config.seed=" in c for c in cmds)
+    assert len({c.split("--workdir ")[1] for c in cmds}) == 9

@@ -9,11 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ada.data.iterator import PromptIterator
 from ada.data.sources import (
     BENCHMARKS,
     TRAIN_SETS,
     DataError,
-    PromptIterator,
     RecordFormat,
     load_benchmark,
     load_records,
@@ -167,8 +167,11 @@ GOOD = json.dumps({"problem": "p0", "answer": "1"})
 def test_bad_rows_raise_naming_file_and_line_or_are_skipped(tmp_path, bad_line, reason, message):
     first = json.dumps({"id": "x", "problem": "p0", "answer": "1"})
     p = _write_lines(tmp_path / "bad.jsonl", [first, bad_line, GOOD.replace("p0", "p2")])
-    with pytest.raises(DataError, match=r"bad\.jsonl: " + message):
+    with pytest.raises(DataError, match=r"bad\.jsonl: " + message) as e:
         read_records(p)
+    assert "on_bad_row" in str(e.value) and "on_bad_row" not in e.value.problem
+    assert e.value.skippable
+    assert e.value.problem.startswith(f"{p}: line 2: ")
     recs, skipped = read_records(p, on_bad_row="skip")
     assert skipped == {reason: 1}
     assert [r["problem"] for r in recs] == ["p0", "p2"]
@@ -179,8 +182,9 @@ def test_empty_file_always_raises(tmp_path):
         p = tmp_path / "empty.jsonl"
         p.write_bytes(content)
         for policy in ("raise", "skip"):
-            with pytest.raises(DataError, match=r"empty\.jsonl: file is empty"):
+            with pytest.raises(DataError, match=r"empty\.jsonl: file is empty") as e:
                 read_records(p, on_bad_row=policy)
+            assert not e.value.skippable and e.value.problem == str(e.value)
     pq.write_table(pa.table({"problem": pa.array([], pa.string()),
                              "answer": pa.array([], pa.string())}), tmp_path / "e.parquet")
     with pytest.raises(DataError, match=r"e\.parquet: file is empty"):
@@ -220,8 +224,9 @@ def test_file_level_errors(tmp_path):
         load_records(tmp_path / "x.csv")
     a = _write_lines(tmp_path / "a.jsonl", [json.dumps({"id": "1", "problem": "p", "answer": "1"})])
     b = _write_lines(tmp_path / "b.jsonl", [json.dumps({"id": "1", "problem": "q", "answer": "2"})])
-    with pytest.raises(DataError, match=r"b\.jsonl: id '1' also appears in .*a\.jsonl"):
+    with pytest.raises(DataError, match=r"b\.jsonl: id '1' also appears in .*a\.jsonl") as e:
         load_records([a, b])
+    assert e.value.problem == f"{b}: id '1' also appears in {a}" and e.value.skippable
     assert [r["problem"] for r in load_records([a, b], on_bad_row="skip")] == ["p"]
 
 

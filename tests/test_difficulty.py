@@ -246,8 +246,10 @@ def test_cli_workdir_samples_with_the_latest_checkpoint(tmp_path, capsys):
     import jax
 
     from ada import config as C
-    from ada import runner
+    from ada import setup
     from ada.checkpoint import Checkpointer
+    from ada.data.iterator import PromptIterator
+    from ada.loop import state_tree
     from ada.models import init_params
 
     default = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -259,14 +261,14 @@ def test_cli_workdir_samples_with_the_latest_checkpoint(tmp_path, capsys):
     ])
     wd = tmp_path / "run"
     wd.mkdir()
-    with open(wd / "config.json", "w") as f:  # as runner.train writes it
+    with open(wd / "config.json", "w") as f:  # as ada.loop.train writes it
         json.dump(cfg.to_dict(), f, indent=2, sort_keys=True, default=str)
-    run = runner.Run(cfg, str(wd))
-    state = run.init_state()
+    run = setup.build(cfg)
+    state = run.fns.init_state(run.params)
     trained = init_params(run.model_cfg, jax.random.key(123))  # stands in for a later step
     ckpt = Checkpointer(str(wd / "checkpoints"))
-    ckpt.save(5, run.state_tree(state.replace(params=trained), jax.random.key_data(jax.random.key(0))),
-              {"data": run.iterator.get_state()})
+    ckpt.save(5, state_tree(state.replace(params=trained), jax.random.key_data(jax.random.key(0))),
+              {"data": PromptIterator(run.train_records, 4).get_state()})
     ckpt.close()
 
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"

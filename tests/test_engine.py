@@ -133,7 +133,7 @@ def test_continuous_batching_refills_without_recompiling(model, greedy_engine):
         [Request(p, 50 + i, 0, n) for i, (p, n) in enumerate(zip(prompts(14, seed=7), lengths, strict=True))])
     assert [c.length for c in second] == lengths
     assert greedy_engine.compiles() == compiles
-    assert driver.busy() == 0 and driver.free_slots() == greedy_engine.num_slots
+    assert driver.free_slots() == greedy_engine.num_slots
     # Short responses attend to the filled front of the cache, not all of it.
     assert greedy_engine.window_buckets[-1] == greedy_engine.cache_len
     assert len(greedy_engine.window_buckets) > 1

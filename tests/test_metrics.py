@@ -4,7 +4,15 @@ import os
 
 import numpy as np
 
-from ada.metrics import MetricsWriter, Progress, plot_run, read_jsonl, series
+from ada.metrics import (
+    PLOT_KEYS,
+    PLOT_TITLES,
+    MetricsWriter,
+    Progress,
+    plot_run,
+    read_jsonl,
+    series,
+)
 
 
 def test_jsonl_and_resume_truncation(tmp_path):
@@ -80,3 +88,15 @@ def test_progress_bar_shows_eta(capsys):
     p.close()
     err = capsys.readouterr().err
     assert "4/4" in err and "R=0.300" in err and "eval=0.500" in err
+
+
+def test_plot_panels_policy_accuracy_first_and_titled(tmp_path):
+    assert PLOT_KEYS[0] == "reward_round0_mean"
+    assert all(k in PLOT_TITLES for k in PLOT_KEYS)  # every default panel has a plain title
+    w = MetricsWriter(str(tmp_path), tensorboard=False)
+    for s in range(1, 4):  # all five default panels (two rows) plus a key with no title
+        w.write(s, {k: 0.1 * s for k in PLOT_KEYS} | {"other": s})
+    w.close()
+    png = plot_run(str(tmp_path), keys=PLOT_KEYS + ("other",), out=str(tmp_path / "p.png"))
+    assert png == str(tmp_path / "p.png") and os.path.getsize(png) > 1000
+    assert plot_run(str(tmp_path), keys=("missing",)) is None

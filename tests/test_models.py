@@ -14,11 +14,9 @@ from tiny_hf import HF_CLASSES, hf_config_for
 
 from ada.models import (
     ModelConfig,
-    count_params,
     decode_params,
     forward,
     init_cache,
-    init_params,
     param_shapes,
     positions_from_mask,
     preset,
@@ -287,8 +285,6 @@ def test_param_count_matches_transformers(family, name, lo, hi):
                                                       is_leaf=lambda x: isinstance(x, tuple)))
     assert n_ada == n_hf
     assert lo <= n_ada <= hi
-    if name == "tiny":
-        assert count_params(init_params(config, jax.random.PRNGKey(0))) == n_hf
 
 
 @pytest.mark.parametrize("changes, match", [

@@ -1,4 +1,5 @@
-"""Synthetic tasks: the safe expression parser, the checkers, the seeded generators."""
+"""Synthetic tasks: the safe expression parser and checkers (ada.rewards.tasks), the seeded
+generators (ada.data.synthetic)."""
 
 import ast
 import random
@@ -7,15 +8,14 @@ from fractions import Fraction
 
 import pytest
 
-from ada.rewards import get_reward_fn, tasks
+from ada.data import synthetic
+from ada.data.synthetic import ARITHMETIC_LEVELS, COUNTDOWN_LEVELS, make_dataset
+from ada.rewards import get_reward_fn
 from ada.rewards.tasks import (
-    ARITHMETIC_LEVELS,
-    COUNTDOWN_LEVELS,
     ExpressionError,
     arithmetic_reward,
     check_countdown,
     countdown_reward,
-    make_dataset,
     parse_expression,
     parse_final_number,
 )
@@ -256,15 +256,24 @@ def test_small_levels_repeat_but_never_cross_splits():
 def test_default_mix_makes_train_and_test_sets(task):
     train = make_dataset(task, 4000, seed=0)  # the runner's default sizes, and more
     test = make_dataset(task, 100, seed=0, split="test")
-    assert set(Counter(r["difficulty"] for r in train)) == set(tasks.DEFAULT_MIX[task])
+    assert set(Counter(r["difficulty"] for r in train)) == set(synthetic.DEFAULT_MIX[task])
     assert {r["problem"] for r in train}.isdisjoint({r["problem"] for r in test})
 
 
 def test_custom_levels():
-    levels = {7: tasks.ArithmeticLevel(num_digits=5, num_operands=2, operators="*")}
+    levels = {7: synthetic.ArithmeticLevel(num_digits=5, num_operands=2, operators="*")}
     (r,) = make_dataset("arithmetic", 1, 0, difficulty_mix=7, levels=levels)
     a, op, b = r["expression"].split()
     assert op == "*" and int(r["answer"]) == int(a) * int(b) and r["difficulty"] == 7
+
+
+def test_generated_answers_follow_precedence_and_exact_division():
+    """The generator computes answers itself; they must agree with the parser and Python."""
+    levels = {1: synthetic.ArithmeticLevel(num_digits=2, num_operands=5, operators="+-*/")}
+    for r in make_dataset("arithmetic", 200, 0, difficulty_mix=1, levels=levels):
+        assert Fraction(r["answer"]) == reference_value(r["expression"])
+        assert Fraction(r["answer"]) == parse_expression(r["expression"]).value
+        assert arithmetic_reward(r, f"\\boxed{{{r['answer']}}}") == 1.0
 
 
 def test_registry():

@@ -6,6 +6,7 @@ gradient — softmax is shift-invariant — so Adam turns its float noise into f
 steps, which would make a parity check on it meaningless.)
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -19,6 +20,9 @@ from ada.models.transformer import forward
 from ada.rl import train
 from ada.rl.losses import LossConfig, denominators
 from ada.rl.optimizer import OptimConfig
+from ada.sampling.driver import Driver, Request
+from ada.sampling.engine import Engine
+from ada.sampling.samplers import SamplingConfig
 
 CFG = preset("tiny", family="llama")
 B, T = 32, 16
@@ -74,11 +78,38 @@ def test_token_logp_alignment_and_chunking():
     assert np.all(np.asarray(logp)[:, 0] == 0)
 
 
-def test_recompute_returns_rows_in_order():
+def test_training_logp_equals_sampler_logprobs_at_temperature():
+    """Responses sampled at T = 0.7 by the engine: the training log-probs of the response
+    tokens are the sampler's, i.e. the ratio against the behaviour policy is 1."""
+    temp, Lp, Lr = 0.7, 8, 8
+    engine = Engine(CFG, num_slots=4, max_prompt_len=Lp, max_new_tokens=Lr, chunk_size=4,
+                    sampling=SamplingConfig(temperature=temp), slot_bucketing=False,
+                    max_prefill_rows=4)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, CFG.vocab_size, n).tolist() for n in (3, 8, 5, 6)]
+    reqs = [Request(p, i, s, n) for i, p in enumerate(prompts)
+            for s, n in ((0, Lr), (1, 1 + i))]
+    out = Driver(engine, params0(), step_key=3).generate_all(reqs)
+    tokens = np.zeros((len(out), Lp + Lr), np.int32)
+    mask = np.zeros(tokens.shape, bool)
+    for b, c in enumerate(out):
+        p, r = c.prompt_tokens, c.token_ids
+        tokens[b, Lp - len(p):Lp + len(r)] = p + r
+        mask[b, Lp - len(p):Lp + len(r)] = True
+    batch = dict(tokens=jnp.asarray(tokens), mask=jnp.asarray(mask),
+                 positions=positions_from_mask(jnp.asarray(mask)))
+    config = train.TrainConfig(temperature=temp, logit_chunk=5)
+    logp = np.asarray(jax.jit(functools.partial(train.compute_logp, model_cfg=CFG,
+                                                config=config))(params0(), batch))
+    for b, c in enumerate(out):
+        np.testing.assert_allclose(logp[b, Lp:Lp + c.length], c.logprobs, atol=1e-4)
+
+
+def test_old_logp_pass_returns_rows_in_order():
     """The strided micro-batch split and merge of the log-prob pass put rows back in place."""
     fns = train.make_train_fns(CFG, OFF_POLICY)
     batch = fns.shard_batch(make_batch(2))
-    got = fns.logp(params0(), batch)
+    got = fns.add_logps(fns.init_state(params0()), batch)["old_logp"]
     want, _ = jax.jit(functools.partial(train.token_logp, model_cfg=CFG, chunk=64))(
         params0(), batch=batch)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
@@ -171,7 +202,7 @@ def _run(mesh, steps=3):
     batch = fns.shard_batch(make_batch(6))
     first = None
     for _ in range(steps):
-        batch = fns.recompute_old_logp(state, batch)
+        batch = fns.add_logps(state, batch)
         state, m = fns.train_step(state, batch)
         first = first or m
     return jax.tree.map(np.asarray, state.params), first, state
@@ -196,10 +227,110 @@ def test_sharded_train_step_equals_single_device():
                                        err_msg=f"{shape} {k}")
 
 
+KL = LossConfig(kl_coef=0.1, kl_estimator="k1")
+
+
+@pytest.mark.parametrize("mesh_shape", [None, (2, 2, 2)])
+def test_kl_to_reference_runs_and_is_zero_at_the_reference(mesh_shape):
+    """ref params == params: the first update's KL is 0. Off-policy, the one add_logps call
+    fills old_logp and ref_logp (equal here)."""
+    mesh = None if mesh_shape is None else shd.make_mesh(mesh_shape)
+    fns = train.make_train_fns(CFG, train.TrainConfig(loss=KL, logit_chunk=6), mesh)
+    state = fns.init_state(params0())
+    batch = fns.add_logps(state, fns.shard_batch(make_batch(9)), params0())
+    assert set(batch) - set(train.REQUIRED_KEYS) == {"ref_logp"}
+    state, m = fns.train_step(state, batch)
+    assert abs(float(m["kl"])) < 1e-6 and np.isfinite(float(m["loss"]))
+    fns = train.make_train_fns(CFG, dataclasses.replace(OFF_POLICY, loss=KL), mesh)
+    state = fns.init_state(params0())
+    batch = fns.add_logps(state, fns.shard_batch(make_batch(9)), params0())
+    np.testing.assert_allclose(batch["old_logp"], batch["ref_logp"], atol=1e-6)
+    state, m = fns.train_step(state, batch)
+    assert int(state.updates) == 4 and float(m["kl"]) != 0
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_kl_metric_equals_numpy_estimator(estimator):
+    """After updates away from the frozen reference, the logged kl is the token mean of the
+    k1 / k3 estimator over the response tokens."""
+    config = train.TrainConfig(loss=dataclasses.replace(KL, kl_estimator=estimator),
+                               optim=OptimConfig(lr=1e-3, warmup_steps=1), logit_chunk=6)
+    fns = train.make_train_fns(CFG, config)
+    state = fns.init_state(params0())
+    for seed in range(3):
+        state, _ = fns.train_step(
+            state, fns.add_logps(state, fns.shard_batch(make_batch(10 + seed)), params0()))
+    batch = fns.add_logps(state, fns.shard_batch(make_batch(13)), params0())
+    logp = jax.jit(functools.partial(train.compute_logp, model_cfg=CFG, config=config))(
+        state.params, batch)
+    _, m = fns.train_step(state, batch)
+    d = np.asarray(logp, np.float64) - np.asarray(batch["ref_logp"], np.float64)
+    per_token = d if estimator == "k1" else np.clip(np.exp(-d) + d - 1, -10, 10)
+    want = per_token[np.asarray(batch["response_mask"]) > 0].mean()
+    assert abs(want) > 1e-4
+    np.testing.assert_allclose(float(m["kl"]), want, rtol=1e-3)
+
+
+def test_kl_without_reference_params_is_named():
+    fns = train.make_train_fns(CFG, train.TrainConfig(loss=KL, logit_chunk=6))
+    with pytest.raises(ValueError, match="kl_coef=0.1 needs reference params"):
+        fns.add_logps(fns.init_state(params0()), fns.shard_batch(make_batch(11)))
+
+
+def np_adamw(params, grads, state, lr, o: OptimConfig):
+    """One float64 NumPy AdamW update (global-norm clip first), in place on dicts of leaves."""
+    norm = np.sqrt(sum(np.sum(g * g) for g in grads.values()))
+    scale = 1.0 if o.clip_norm is None or norm < o.clip_norm else o.clip_norm / norm
+    state["t"] += 1
+    t = state["t"]
+    for k, g in grads.items():
+        g = g * scale
+        state["m"][k] = o.b1 * state["m"][k] + (1 - o.b1) * g
+        state["v"][k] = o.b2 * state["v"][k] + (1 - o.b2) * g * g
+        m_hat, v_hat = state["m"][k] / (1 - o.b1 ** t), state["v"][k] / (1 - o.b2 ** t)
+        params[k] = params[k] - lr * (m_hat / (np.sqrt(v_hat) + o.eps)
+                                      + o.weight_decay * params[k])
+
+
+def test_warmup_counts_rl_steps_not_optimizer_updates():
+    """mini_batches=4: all four updates of RL step s use lr * min(1, (s + 1) / warmup_steps),
+    checked on the logged lr and on the parameters against a NumPy AdamW."""
+    o = OptimConfig(lr=1e-3, warmup_steps=8, weight_decay=0.01)
+    config = train.TrainConfig(loss=LossConfig(entropy_coef=0.0), optim=o, mini_batches=4,
+                               logit_chunk=6)
+    fns = train.make_train_fns(CFG, config)
+    grads_fn = _grads_fn(config)
+    state = fns.init_state(params0())
+
+    def flat(tree):
+        return {shd.path_name(p): np.asarray(x, np.float64)
+                for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+    treedef = jax.tree.structure(params0())
+    ref = flat(params0())
+    adam = {"t": 0, "m": {k: 0.0 * x for k, x in ref.items()},
+            "v": {k: 0.0 * x for k, x in ref.items()}}
+    for s in range(3):
+        lr = o.lr * min(1.0, (s + 1) / o.warmup_steps)
+        batch = fns.add_logps(state, fns.shard_batch(make_batch(20 + s)))
+        before = flat(state.params)
+        state, m = fns.train_step(state, batch)
+        np.testing.assert_allclose(float(m["lr"]), lr, rtol=1e-6)
+        minis = jax.tree.map(lambda x: train._split(x, 4, 1), batch)
+        start = dict(ref)
+        for k in range(4):
+            p32 = jax.tree.unflatten(treedef, [jnp.asarray(x, jnp.float32) for x in ref.values()])
+            g, _ = grads_fn(p32, jax.tree.map(lambda x, k=k: x[k], minis))
+            np_adamw(ref, flat(g), adam, lr, o)
+        got = flat(state.params)
+        for name in ref:
+            assert rel(got[name] - before[name], ref[name] - start[name]) < 1e-3, (s, name)
+
+
 def test_non_finite_batch_is_skipped_and_params_unchanged():
     fns = train.make_train_fns(CFG, OFF_POLICY)
     state = fns.init_state(params0())
-    batch = fns.recompute_old_logp(state, fns.shard_batch(make_batch(7)))
+    batch = fns.add_logps(state, fns.shard_batch(make_batch(7)))
     before = jax.tree.map(np.array, (state.params, state.opt_state))
     bad = fns.shard_batch(dict(batch, advantages=np.full((B,), np.nan)))
     state, m = fns.train_step(state, bad)
@@ -221,7 +352,7 @@ def test_bad_batches_are_named():
     with pytest.raises(ValueError, match="old_logp"):
         fns.train_step(state, fns.shard_batch(batch))
     with pytest.raises(ValueError, match="mini_batches x micro_batches"):
-        fns.logp(state.params, fns.shard_batch(make_batch(8, B=6)))
+        fns.add_logps(state, fns.shard_batch(make_batch(8, B=6)))
     mesh_fns = train.make_train_fns(CFG, OFF_POLICY, shd.make_mesh((2, 2, 2)))
     with pytest.raises(ValueError, match="data\\*fsdp = 4"):
         mesh_fns.shard_batch(make_batch(8, B=6))

@@ -1,14 +1,9 @@
 """Adaptive collection: rounds or a continuous scheduler over an engine, then selection.
 
-One code path serves every method; a method is a `CollectConfig`:
-
-  grpo          rule none, M = n, N = 1 (one round of n); "GRPO large n" is grpo with big n
-  dapo          grpo + dynamic_sampling: drop groups whose rewards are all equal and draw
-                further prompt batches until P mixed groups (or max_prompt_batches)
-  ada_pos       rule pos,     M = 8, N = 4, rounds
-  ada_balance   rule balance, M = 8, N = 4, rounds
-  ada_balance_continuous   the same rule and budget M x N, continuous scheduler
-  exhaustive    rule none, M = 8, N = 4: every prompt draws its whole budget
+One code path serves every method; a method is a `CollectConfig` (`ada.methods` holds the
+table of named methods and builds theirs): an exit rule, M responses per round, at most N
+rounds, and for DAPO dynamic sampling (drop groups whose rewards are all equal and draw
+further prompt batches until P mixed groups, or max_prompt_batches).
 
 Rounds (the reference loop): in round r every active prompt (not done, budget left) gets M
 requests; after the round every response is scored and the rule is re-evaluated on the
@@ -18,15 +13,20 @@ retires the moment its rule holds. Responses still in flight for a retired promp
 scored into its pool when they arrive (they count in its statistics and may be selected).
 
 Engine interfaces (duck-typed):
-  generate(list[Request]) -> list[completion]            (rounds only)
+  generate(list[SampleRequest]) -> list[completion]       (rounds only)
   driver.submit(engine_request); driver.free_slots() -> int; driver.step() -> [completion]
-  make_request(Request) -> engine_request                 (default: the Request itself)
+  make_request(SampleRequest) -> engine_request           (default: the request itself)
 A completion needs `.prompt_id`, `.sample_idx` (echoed from the request) and `.text`.
 reward_fn(prompt_record, text) -> float (or reward_fn(prompt_record, completion) with
-reward_input="completion", for rewards that need token ids or finish_reason); a raise,
-None, NaN or inf scores `failure_score` and is counted in metrics["reward_failures"]; the
-batch always completes. The engine driver of ada/sampling/driver.py fits as is:
+reward_input="completion", for rewards that need token ids or finish_reason), scored by
+`ada.rewards.score.score`: a raise, None, NaN or inf scores `failure_score` and is counted
+in metrics["reward_failures"]; the batch always completes. The engine driver of
+ada/sampling/driver.py fits as is:
 make_request = lambda r: driver.Request(tokens(r.prompt), r.prompt_id, r.sample_idx, ...).
+
+Prompt ids: the engine-facing id of row i of the b-th prompt batch (DAPO draws several) on
+process p of k is (b * k + p) * P + i, unique across processes and batches, so every
+prompt draws its own random stream and selection key.
 
 Multi-host: exit decisions are `rules.RULES[rule](pos, neg, seen, n)` of the pool counts in
 `Pool.stats` (plain sums); a multi-host runner all-reduces those counts before deciding.
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -48,17 +47,30 @@ import numpy as np
 from ada.adaptive import rules
 from ada.adaptive.pool import Pool, PoolStats
 from ada.adaptive.select import select
+from ada.rewards.score import score
 
 SCHEDULERS = ("rounds", "continuous")
 
 
 @dataclasses.dataclass(frozen=True)
-class Request:
+class SampleRequest:
     """One response to draw: row `prompt_id` of the collection, response `sample_idx`."""
 
     prompt_id: int
     sample_idx: int
     prompt: Any = None
+
+
+def threshold_problem(threshold: float, reward_range) -> str | None:
+    """Why (threshold, reward_range) cannot split rewards into positive (> threshold) and
+    negative, or None. The one check behind CollectConfig and the run config."""
+    lo, hi = reward_range
+    if not lo < hi:
+        return f"reward_range={tuple(reward_range)} must be (low, high) with low < high"
+    if not lo <= threshold < hi:
+        return (f"threshold={threshold} is outside the reward range [{lo}, {hi}): no reward "
+                f"could be {'positive' if threshold >= hi else 'negative'}; set it in [{lo}, {hi})")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +103,9 @@ class CollectConfig:
         if self.scheduler not in SCHEDULERS:
             p.append(f"scheduler={self.scheduler!r} is not one of {SCHEDULERS}")
         lo, hi = self.reward_range
-        if not lo < hi:
-            p.append(f"reward_range={self.reward_range} must be (low, high) with low < high")
-        elif not lo <= self.threshold < hi:
-            p.append(f"threshold={self.threshold} is outside the reward range [{lo}, {hi}): "
-                     f"no reward could be {'positive' if self.threshold >= hi else 'negative'};"
-                     f" set threshold inside reward_range (or fix reward_range)")
+        problem = threshold_problem(self.threshold, self.reward_range)
+        if problem:
+            p.append(problem)
         if lo < hi and not lo <= self.failure_score <= hi:
             p.append(f"failure_score={self.failure_score} is outside reward_range={self.reward_range}")
         if self.max_prompt_batches < 1:
@@ -109,27 +118,6 @@ class CollectConfig:
     @property
     def budget(self) -> int:
         return self.samples_per_round * self.max_rounds
-
-
-METHODS = ("grpo", "dapo", "ada_pos", "ada_balance", "ada_balance_continuous", "exhaustive")
-
-
-def method_config(method: str, n: int = 4, samples_per_round: int = 8, max_rounds: int = 4,
-                  **overrides) -> CollectConfig:
-    """The CollectConfig of a named method (see the module docstring)."""
-    grpo = dict(rule="none", samples_per_round=n, max_rounds=1)
-    ada = dict(samples_per_round=samples_per_round, max_rounds=max_rounds)
-    table = {
-        "grpo": grpo,
-        "dapo": dict(grpo, dynamic_sampling=True),
-        "ada_pos": dict(ada, rule="pos"),
-        "ada_balance": dict(ada, rule="balance"),
-        "ada_balance_continuous": dict(ada, rule="balance", scheduler="continuous"),
-        "exhaustive": dict(ada, rule="none"),
-    }
-    if method not in table:
-        raise ValueError(f"unknown method {method!r}; use one of {METHODS}")
-    return CollectConfig(n=n, **{**table[method], **overrides})
 
 
 class DispatchPolicy:
@@ -169,7 +157,7 @@ class DispatchPolicy:
         return out
 
 
-def drain(driver, requests: Sequence[Request], make_request=None) -> list:
+def drain(driver, requests: Sequence[SampleRequest], make_request=None) -> list:
     """Run a list of requests through a slot driver to completion (a round's `generate`)."""
     make_request = make_request or (lambda r: r)
     pending, out, inflight = deque(requests), [], 0
@@ -201,29 +189,23 @@ class Collected:
     metrics: dict = dataclasses.field(default_factory=dict)
     rounds: list = dataclasses.field(default_factory=list)
 
-    def advantages(self, stats_from: str = "pool", norm_by_std: bool = True):
-        from ada.rl.advantages import advantages
-
-        return advantages(self.rewards, stats_from=stats_from, pool=self.pool,
-                          group_valid_PxN=self.group_valid, norm_by_std=norm_by_std)
-
 
 class Collector:
     """Collects [P, n] groups for a batch of prompts with one CollectConfig."""
 
     def __init__(self, config: CollectConfig, reward_fn: Callable[[Any, str], float], *,
-                 generate: Callable[[list[Request]], list] | None = None, driver=None,
-                 make_request: Callable[[Request], Any] | None = None,
+                 generate: Callable[[list[SampleRequest]], list] | None = None, driver=None,
+                 make_request: Callable[[SampleRequest], Any] | None = None,
                  policy: DispatchPolicy | None = None, reward_input: str = "text",
-                 prompt_id_offset: int = 0):
+                 process_index: int = 0, process_count: int = 1):
         if reward_input not in ("text", "completion"):
             raise ValueError(f"reward_input={reward_input!r}; use 'text' or 'completion'")
         self.config = config
         self.reward_fn = reward_fn
         self.reward_input = reward_input
-        # engine-facing prompt_id = prompt_id_offset + row, e.g. a process's first global
-        # prompt, so per-request engine keys differ across hosts; completions map back.
-        self.prompt_id_offset = int(prompt_id_offset)
+        if not 0 <= process_index < process_count:
+            raise ValueError(f"process_index={process_index} is not in [0, {process_count})")
+        self.process_index, self.process_count = int(process_index), int(process_count)
         self.driver = driver
         self.make_request = make_request or (lambda r: r)
         if generate is None and driver is not None:
@@ -247,7 +229,7 @@ class Collector:
             raise ValueError("collect() needs at least one prompt")
         t0 = time.perf_counter()
         if not self.config.dynamic_sampling:
-            out = self._collect_batch(prompts, key, offset=0)
+            out = self._collect_batch(prompts, key, batch=0, width=len(prompts))
         else:
             if more_prompts is None:
                 raise ValueError("dynamic_sampling (DAPO) needs more_prompts=an iterator of "
@@ -258,40 +240,6 @@ class Collector:
 
     # ------------------------------------------------------------------ internals
 
-    def _checked(self, value) -> tuple[float, bool]:
-        """(score, failed): a None, NaN, inf or non-number scores `failure_score`."""
-        try:
-            r = float(value)  # None -> TypeError
-        except (TypeError, ValueError):
-            return self.config.failure_score, True
-        if not math.isfinite(r):
-            return self.config.failure_score, True
-        return r, False
-
-    def _score(self, prompt, completion) -> tuple[float, bool]:
-        try:
-            value = self.reward_fn(prompt, completion.text if self.reward_input == "text"
-                                   else completion)
-        except Exception:  # noqa: BLE001 - a bad reward must not kill the batch
-            return self.config.failure_score, True
-        return self._checked(value)
-
-    def _score_many(self, records, completions) -> list[tuple[float, bool]]:
-        """Scores of a round's (or a driver step's) completions. A reward_fn with a
-        `score_batch(records, inputs)` attribute (e.g. `math_reward`, which fans out over a
-        process pool) is called once for all of them; if that call fails, each is scored
-        alone so one bad response cannot zero the others."""
-        batch = getattr(self.reward_fn, "score_batch", None)
-        if batch is not None and completions:
-            inputs = [c.text if self.reward_input == "text" else c for c in completions]
-            try:
-                values = list(batch(records, inputs))
-            except Exception:  # noqa: BLE001
-                values = None
-            if values is not None and len(values) == len(inputs):
-                return [self._checked(v) for v in values]
-        return [self._score(rec, c) for rec, c in zip(records, completions, strict=True)]
-
     def _ingest(self, pool: Pool, prompts, offset, completions, counters) -> list[tuple[int, float]]:
         """Score completions and add them to the pool; returns (row, reward) per completion."""
         rows = []
@@ -301,20 +249,24 @@ class Collector:
                 raise ValueError(f"completion has prompt_id={c.prompt_id}, not a request of this "
                                  f"collection (rows {offset}..{offset + pool.num_prompts - 1})")
             rows.append(p)
-        scored = self._score_many([prompts[p] for p in rows], completions)
-        for p, c, (r, failed) in zip(rows, completions, scored, strict=True):
-            counters["reward_failures"] += int(failed)
-            pool.add(p, int(c.sample_idx), r, c)
-        return [(p, r) for p, (r, _) in zip(rows, scored, strict=True)]
+        responses = [c.text if self.reward_input == "text" else c for c in completions]
+        rewards, failed = score(self.reward_fn, [prompts[p] for p in rows], responses,
+                                failure_score=self.config.failure_score)
+        counters["reward_failures"] += int(failed.sum())
+        for p, c, r in zip(rows, completions, rewards, strict=True):
+            pool.add(p, int(c.sample_idx), float(r), c)
+        return [(p, float(r)) for p, r in zip(rows, rewards, strict=True)]
 
     def _done(self, pool: Pool):
         s = pool.stats
         return np.asarray(self._rule(s.pos, s.neg, s.seen, self.config.n), bool)
 
-    def _collect_batch(self, prompts: list, key, offset: int) -> Collected:
+    def _collect_batch(self, prompts: list, key, batch: int, width: int) -> Collected:
+        """One prompt batch; `batch` numbers DAPO's draws and, with the collection's prompt
+        count `width`, sets the global prompt ids (module doc)."""
         cfg = self.config
         pool = Pool(len(prompts), cfg.budget, cfg.threshold, shift=cfg.threshold)
-        offset += self.prompt_id_offset
+        offset = (batch * self.process_count + self.process_index) * width
         counters = {"reward_failures": 0, "late_samples": 0}
         if cfg.scheduler == "rounds":
             rounds = self._run_rounds(prompts, pool, offset, counters)
@@ -330,7 +282,7 @@ class Collector:
             if active.size == 0:
                 break
             t0 = time.perf_counter()
-            reqs = [Request(int(p) + offset, pool.next_sample_idx(int(p)), prompts[p])
+            reqs = [SampleRequest(int(p) + offset, pool.next_sample_idx(int(p)), prompts[p])
                     for p in active for _ in range(cfg.samples_per_round)]
             completions = list(self.generate(reqs))
             if len(completions) != len(reqs):
@@ -354,7 +306,7 @@ class Collector:
             picks = self.policy.pick(free, done, pool.dispatched, pool.inflight, s.pos, s.neg)
             for p in picks:
                 drv.submit(self.make_request(
-                    Request(p + offset, pool.next_sample_idx(p), prompts[p])))
+                    SampleRequest(p + offset, pool.next_sample_idx(p), prompts[p])))
             if int(pool.inflight.sum()) == 0:
                 if free == 0 and np.any(~done & (pool.dispatched < cfg.budget)):
                     raise RuntimeError("the driver reports no free slots but holds none of our "
@@ -392,7 +344,13 @@ class Collector:
             group_valid=gv, completions=comps, pool=pool.stats,
             done=np.asarray(st["done"]), mixed=mixed, samples=samples, rounds=rounds,
         )
-        out.metrics = dict(counters, **_summary(samples.sum(), mixed, P, out.done))
+        # The first round's draws (sample_idx < M) estimate the policy's own accuracy on the
+        # batch; the kept rewards cannot (under balance they sit near 1/2 by construction).
+        first = pool.valid[:, :cfg.samples_per_round]
+        out.metrics = dict(counters, **_summary(samples.sum(), mixed, P, out.done),
+                           round0_reward_sum=float(np.sum(pool.rewards[:, :cfg.samples_per_round],
+                                                          where=first)),
+                           round0_samples=int(first.sum()))
         return out
 
     def _collect_dynamic(self, prompts, key, more: Iterator) -> Collected:
@@ -400,7 +358,7 @@ class Collector:
         kept, uniform, batches, drawn = [], [], [], 0
         batch = prompts
         for b in range(self.config.max_prompt_batches):
-            res = self._collect_batch(batch, jax.random.fold_in(key, b), offset=b * P)
+            res = self._collect_batch(batch, jax.random.fold_in(key, b), batch=b, width=P)
             batches.append(res)
             drawn += len(batch)
             for i in range(len(batch)):
@@ -411,11 +369,11 @@ class Collector:
             if not batch:
                 break
         rows = kept[:P] + uniform[: P - min(P, len(kept))]
-        out = _take_rows(rows)
+        out = _stack_rows(rows)
         total = int(sum(r.samples.sum() for r in batches))
         out.metrics = {
-            "reward_failures": sum(r.metrics["reward_failures"] for r in batches),
-            "late_samples": sum(r.metrics["late_samples"] for r in batches),
+            **{k: sum(r.metrics[k] for r in batches)
+               for k in ("reward_failures", "late_samples", "round0_reward_sum", "round0_samples")},
             **_summary(total, out.mixed, P, out.done),
             "prompt_batches": len(batches), "prompts_drawn": drawn,
             "unfilled": int(P - min(P, len(kept))),
@@ -434,7 +392,7 @@ def _summary(total_samples, mixed, P, done) -> dict:
     )
 
 
-def _take_rows(rows: list[tuple[Collected, int]]) -> Collected:
+def _stack_rows(rows: list[tuple[Collected, int]]) -> Collected:
     """Stack chosen rows of several Collected into one (DAPO's batch assembly)."""
     def cat(get):
         return np.stack([get(r)[i] for r, i in rows])

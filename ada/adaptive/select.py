@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from ada.adaptive import rules
-from ada.adaptive.pool import PoolStats, stats_from_pool
+from ada.adaptive.pool import stats_from_pool
 
 
 def target_counts(pos, neg, n: int, mode: str):
@@ -97,8 +97,3 @@ def select(pool_rewards_PxS, pool_valid_PxS, n: int, mode: str, key, threshold, 
         pool=stats_from_pool(r, v, threshold),
     )
     return idx, stats
-
-
-def pool_stats(pool_rewards_PxS, pool_valid_PxS, threshold, shift: float = 0.0) -> PoolStats:
-    """Counts and moments of padded pools (re-exported for callers of `select`)."""
-    return stats_from_pool(pool_rewards_PxS, pool_valid_PxS, threshold, shift)

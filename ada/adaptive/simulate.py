@@ -72,7 +72,6 @@ class SimulatedDriver:
         self.policy, self.num_slots = policy, num_slots
         self.clock = 0  # decode steps so far
         self.busy_slot_steps = 0  # sum over steps of busy slots (utilisation numerator)
-        self.submitted = 0
         self._slots: list[list] = []  # [remaining, completion]
 
     def free_slots(self) -> int:
@@ -85,7 +84,6 @@ class SimulatedDriver:
         c = SimCompletion(prompt_id=request.prompt_id, sample_idx=request.sample_idx,
                           text="1" if correct else "0", num_tokens=length)
         self._slots.append([length, c])
-        self.submitted += 1
 
     def step(self) -> list[SimCompletion]:
         if not self._slots:

@@ -1,8 +1,10 @@
-"""Prompt data: file / benchmark / TFDS sources, the training iterator, preprocessing.
+"""Prompt data: file / benchmark / TFDS sources, synthetic tasks, the training iterator,
+preprocessing.
 
 The TFDS source is an optional extra: `from ada.data.tfds_source import load_tfds`.
 """
 
+from ada.data.iterator import PromptIterator
 from ada.data.preprocess import (
     EASY_FILTER,
     HARD_FILTER,
@@ -15,7 +17,6 @@ from ada.data.sources import (
     BENCHMARKS,
     TRAIN_SETS,
     DataError,
-    PromptIterator,
     RecordFormat,
     load_benchmark,
     load_records,

@@ -38,7 +38,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -47,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from ada.data.sources import Record
+from ada.rewards.score import score
 
 log = logging.getLogger(__name__)
 
@@ -108,18 +108,6 @@ class EngineSampler:
                 "with ada.templates.filter_by_length (or raise the limit)")
         return ids
 
-    def reward(self, record: Record, text: str) -> float:
-        """reward_fn, held to its contract: an exception or a non-finite value scores 0."""
-        try:
-            r = float(self.reward_fn(record, text))
-        except Exception as e:  # noqa: BLE001 - the contract says never raise; enforce it
-            log.debug("reward failed on record %r: %s", record.get("id"), e)
-            r = math.nan
-        if not math.isfinite(r):
-            self.reward_failures += 1
-            return 0.0
-        return r
-
     def __call__(self, records: Sequence[Record], k: int) -> np.ndarray:
         from ada.sampling.driver import Request
 
@@ -132,17 +120,15 @@ class EngineSampler:
         outs = self.driver.generate_all(reqs)
         self.calls += 1
         self.prompts_sampled += len(records)
-        rewards_PxK = np.zeros((len(records), k), np.float64)
-        grid: list[list] = [[None] * k for _ in records]
         for n, c in enumerate(outs):
-            p, j = divmod(n, k)
             if c.finish_reason == "error":
-                raise ValueError(f"record {records[p]['id']!r}: the engine refused its request: "
-                                 f"{c.error}")
-            grid[p][j] = c
-            rewards_PxK[p, j] = self.reward(records[p], c.text)
-        self.last_completions = grid
-        return rewards_PxK
+                raise ValueError(f"record {records[n // k]['id']!r}: the engine refused its "
+                                 f"request: {c.error}")
+        rewards, failed = score(self.reward_fn, [r for r in records for _ in range(k)],
+                                [c.text for c in outs])
+        self.reward_failures += int(failed.sum())
+        self.last_completions = [outs[p * k:(p + 1) * k] for p in range(len(records))]
+        return rewards.reshape(len(records), k)
 
 
 def engine_sample_fn(engine, params, tokenizer, template: str, reward_fn: RewardFn, *,
@@ -213,9 +199,9 @@ def load_policy(args) -> Policy:
         return Policy(params, model_cfg, tokenizer, args.template or DEFAULT_TEMPLATE,
                       args.max_prompt_tokens or DEFAULT_MAX_PROMPT_TOKENS,
                       args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, f"model {args.model}")
-    # A run directory: rebuild it as `python -m ada.evaluate --workdir` does (runner.Run
+    # A run directory: rebuild it as `python -m ada.evaluate --workdir` does (ada.setup
     # from its config.json), then take the params of its latest (or --step) checkpoint.
-    from ada import runner
+    from ada import setup
     from ada.checkpoint import Checkpointer
     from ada.config import load_run_config
 
@@ -226,9 +212,7 @@ def load_policy(args) -> Policy:
         raise FileNotFoundError(f"--step {args.step}: no complete checkpoint in {ckpt.directory} "
                                 f"(complete steps: {steps})")
     step = args.step if args.step is not None else (steps[-1] if steps else None)
-    if step is not None:
-        config.warmstart.enabled = False  # the checkpoint replaces the initial params
-    run = runner.Run(config, args.workdir)
+    run = setup.build(config, initial=step is None)  # a checkpoint replaces the initial params
     if step is None:
         log.warning("%s has no checkpoint; sampling with the run's initial params", args.workdir)
         params = run.params
@@ -236,7 +220,7 @@ def load_policy(args) -> Policy:
         tree, _ = ckpt.restore_params(step)
         params = tree["params"]
     ckpt.close()
-    return Policy(params, run.model_cfg, run.tokenizer, args.template or run.template,
+    return Policy(params, run.model_cfg, run.tokenizer, args.template or config.tokenizer.template,
                   args.max_prompt_tokens or int(config.data.max_prompt_len),
                   args.max_new_tokens or int(config.sampling.max_new_tokens),
                   f"run {args.workdir} step {step if step is not None else 'init'}")
@@ -245,7 +229,7 @@ def load_policy(args) -> Policy:
 def load_reward_fn(spec: str) -> RewardFn:
     """'math' | 'arithmetic' | 'countdown', or 'package.module:function'."""
     if ":" in spec:
-        from ada.runner import load_reward
+        from ada.setup import load_reward
 
         return load_reward(spec)
     from ada.rewards import get_reward_fn

@@ -1,4 +1,4 @@
-"""Prompt sources: JSONL / Parquet files, the benchmark registry, and the training iterator.
+"""Prompt sources: JSONL / Parquet files and the benchmark registry.
 
 Every source yields the same record dict, so the rest of the pipeline never sees a file
 format:
@@ -13,10 +13,7 @@ missing column, non-UTF-8 bytes, a malformed JSON line, an empty answer or a dup
 raises `DataError` naming the file and the line (JSONL, 1-based) or row (Parquet, 0-based),
 unless `on_bad_row="skip"`, where the row is skipped, counted and logged. An empty file, or
 a file where nothing usable is left, always raises: a run never trains on a silently empty
-dataset.
-
-`PromptIterator` turns a record list into an endless, deterministic, resumable stream of
-global batches of P prompts, each process taking its own disjoint slice.
+dataset. The training stream over these records is ada.data.iterator.PromptIterator.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +39,17 @@ DATA_DIR_ENV = "ADA_DATA_DIR"
 
 
 class DataError(ValueError):
-    """A data file (or a row of it) that cannot be used; the message names file, row, fix."""
+    """A data file (or a row of it) that cannot be used; the message names file, row, fix.
+
+    `problem` is the fault alone (file, row, what is wrong), without the message's advice
+    on library arguments, so a command line can append the fix in its own terms;
+    `skippable` says whether on_bad_row="skip" would have skipped it instead.
+    """
+
+    def __init__(self, message: str, problem: str | None = None, skippable: bool = False):
+        super().__init__(message)
+        self.problem = message if problem is None else problem
+        self.skippable = skippable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +170,8 @@ class _RowCollector:
     def bad(self, where: int, err: _BadRow) -> None:
         msg = f"{self.path}: {self.unit} {where}: {err.detail}"
         if self.on_bad_row == "raise":
-            raise DataError(msg + " (or pass on_bad_row='skip' to skip such rows)")
+            raise DataError(msg + " (or pass on_bad_row='skip' to skip such rows)", problem=msg,
+                            skippable=True)
         self.skipped[err.reason] += 1
         if len(self._first_skips) < 5:
             self._first_skips.append(msg)
@@ -292,7 +300,8 @@ def load_records(
             if r["id"] in seen:
                 msg = f"{p}: id {r['id']!r} also appears in {seen[r['id']]}"
                 if on_bad_row == "raise":
-                    raise DataError(msg + "; give the files distinct ids (or on_bad_row='skip')")
+                    raise DataError(msg + "; give the files distinct ids (or on_bad_row='skip')",
+                                    problem=msg, skippable=True)
                 log.warning("%s; skipped", msg)
                 continue
             seen[r["id"]] = str(p)
@@ -394,106 +403,3 @@ def load_train_set(name: str, data_dir: str | os.PathLike | None = None,
                    check_count: bool = True) -> list[Record]:
     """Load a registered training-prompt file (see TRAIN_SETS)."""
     return _load_known(TRAIN_SETS, "training set", name, data_dir, check_count)
-
-
-# ----------------------------------------------------------------------------- iterator
-
-
-@dataclasses.dataclass(frozen=True)
-class IteratorState:
-    """Where the stream is: `position` global batches already taken from epoch `epoch`."""
-
-    epoch: int = 0
-    position: int = 0
-
-
-class PromptIterator:
-    """Endless, deterministic, resumable batches of prompts, sharded over processes.
-
-    Epoch e visits the records in the order `permutation(seed, e)`; global batch b of that
-    epoch is `order[b*P:(b+1)*P]` and process i takes the i-th of `process_count` equal,
-    contiguous slices of it, so processes are disjoint and together cover the global batch.
-    The `N mod P` records left over at an epoch's end are dropped for that epoch only (the
-    next epoch reshuffles), which keeps every batch the same static shape. The order
-    depends only on (seed, epoch, N), never on how often the iterator was restarted, so
-    `get_state()` / `set_state()` resume exactly.
-    """
-
-    def __init__(self, records: Sequence[Record], batch_size: int, seed: int = 0,
-                 process_index: int = 0, process_count: int = 1, shuffle: bool = True):
-        if batch_size <= 0:
-            raise ValueError(f"batch_size={batch_size} must be positive")
-        if process_count <= 0 or not 0 <= process_index < process_count:
-            raise ValueError(
-                f"process_index={process_index} must be in [0, process_count={process_count})")
-        if batch_size % process_count:
-            raise ValueError(
-                f"global batch_size={batch_size} is not divisible by process_count="
-                f"{process_count}; each process needs an equal slice")
-        if len(records) < batch_size:
-            raise DataError(
-                f"only {len(records)} prompts for a global batch of {batch_size}; "
-                "lower the batch size or add data")
-        self.records = list(records)
-        self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
-        self.process_index, self.process_count = process_index, process_count
-        self.batches_per_epoch = len(self.records) // batch_size
-        self._state = IteratorState()
-        self._order_epoch, self._order = -1, np.arange(0)
-
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """Indices of epoch `epoch`'s visiting order (same on every process)."""
-        if not self.shuffle:
-            return np.arange(len(self.records))
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch])))
-        return rng.permutation(len(self.records))
-
-    def global_batch_indices(self, state: IteratorState) -> np.ndarray:
-        """Record indices of the global batch at `state`, [P]."""
-        if state.epoch != self._order_epoch:
-            self._order_epoch, self._order = state.epoch, self.epoch_order(state.epoch)
-        start = state.position * self.batch_size
-        return self._order[start:start + self.batch_size]
-
-    def local_batch_indices(self, state: IteratorState) -> np.ndarray:
-        """This process's slice of the global batch, [P / process_count]."""
-        per = self.batch_size // self.process_count
-        g = self.global_batch_indices(state)
-        return g[self.process_index * per:(self.process_index + 1) * per]
-
-    def __iter__(self) -> Iterator[list[Record]]:
-        return self
-
-    def __next__(self) -> list[Record]:
-        idx = self.local_batch_indices(self._state)
-        pos = self._state.position + 1
-        if pos == self.batches_per_epoch:
-            self._state = IteratorState(self._state.epoch + 1, 0)
-        else:
-            self._state = IteratorState(self._state.epoch, pos)
-        return [self.records[i] for i in idx]
-
-    @property
-    def state(self) -> IteratorState:
-        return self._state
-
-    def get_state(self) -> dict[str, int]:
-        """JSON-able state for checkpoints; includes what must match on restore."""
-        return {"epoch": self._state.epoch, "position": self._state.position,
-                "seed": self.seed, "num_records": len(self.records),
-                "batch_size": self.batch_size}
-
-    def set_state(self, state: Mapping[str, int]) -> None:
-        """Resume from `get_state()`; refuses a state made for different data or batching."""
-        for key, mine in (("seed", self.seed), ("num_records", len(self.records)),
-                          ("batch_size", self.batch_size)):
-            if key in state and int(state[key]) != mine:
-                raise ValueError(
-                    f"iterator state has {key}={state[key]} but this iterator has {mine}; "
-                    "the checkpoint was made with different data or settings")
-        epoch, position = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or not 0 <= position < self.batches_per_epoch:
-            raise ValueError(
-                f"iterator state epoch={epoch} position={position} is out of range "
-                f"(batches per epoch: {self.batches_per_epoch})")
-        self._state = IteratorState(epoch, position)

@@ -1,11 +1,10 @@
 """Decoder-only transformer (Qwen2/2.5, Qwen3, Llama 3) as pure functions over a pytree."""
 
-from ada.models.presets import PRESETS, preset
+from ada.models.presets import preset
 from ada.models.transformer import (
     KVCache,
     Llama3RopeScaling,
     ModelConfig,
-    count_params,
     decode_params,
     forward,
     init_cache,
@@ -15,7 +14,7 @@ from ada.models.transformer import (
 )
 
 __all__ = [
-    "PRESETS", "preset", "KVCache", "Llama3RopeScaling", "ModelConfig", "count_params",
+    "preset", "KVCache", "Llama3RopeScaling", "ModelConfig",
     "forward", "init_cache", "init_params", "param_shapes", "positions_from_mask",
     "decode_params",
 ]

@@ -44,15 +44,11 @@ import ml_dtypes
 import numpy as np
 
 from ada.models.transformer import Llama3RopeScaling, ModelConfig, Params, param_shapes
+from ada.tokenizer import TOKENIZER_FILES
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
-    "generation_config.json",
-)
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
 FAMILY_ARCHITECTURE = {family: arch for arch, family in ARCHITECTURES.items()}
@@ -589,7 +585,8 @@ def save_hf(
     Writes config.json and model.safetensors, or shards plus model.safetensors.index.json when
     the weights exceed `max_shard_size`. One shard's tensors are on the host at a time.
     `dtype` (float32/bfloat16/float16) defaults to the params' dtype. Tokenizer files found in
-    `tokenizer_dir` are copied as they are. `extra_config` entries (e.g. bos/eos token ids)
+    `tokenizer_dir` are copied as they are (for an ada `Tokenizer`, `ada.tokenizer.export_tokenizer`
+    writes what AutoTokenizer needs, SentencePiece included). `extra_config` entries (e.g. bos/eos token ids)
     are merged into config.json. Returns the written file names.
     """
     from safetensors.numpy import save_file

@@ -58,5 +58,3 @@ def preset(name: str, family: str = "qwen2", vocab_size: int | None = None, **ov
     fields.update(overrides)
     return ModelConfig(**fields)
 
-
-PRESETS = tuple(_SIZES)

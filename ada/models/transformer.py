@@ -180,10 +180,6 @@ def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Param
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def count_params(params: Params) -> int:
-    return sum(int(math.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-
-
 def _per_layer(layers, num_layers: int) -> list:
     """Stacked layer weights as a list of per-layer dicts (a list passes through)."""
     if isinstance(layers, list | tuple):

@@ -7,7 +7,7 @@ Three layers:
                                with math-verify (numbers, fractions, intervals, sets,
                                equations, matrices, LaTeX) and compares them.
   `verify` / `MathVerifier`    the same check in worker processes under a hard wall-clock
-                               limit (see ada/rewards/pool.py): 0.0 on timeout or error,
+                               limit (see ada/rewards/workers.py): 0.0 on timeout or error,
                                never raises, never hangs. Use these on model output.
 
 How text becomes an answer (`_gold_candidates`, `_pred_candidates`): math-verify extracts from a whole response
@@ -37,7 +37,7 @@ Safety (model output never reaches eval/exec/sympify as text):
   reference cases and the adversarial inputs, and asserts each is made of numerals and
   the names Integer/Float/Rational/sqrt/log/exp/pi/E/I only.
 The hard time limit covers the remaining risk (a huge power or factorial): the worker is
-killed. Workers start through 'forkserver' (never fork after JAX); see pool.py.
+killed. Workers start through 'forkserver' (never fork after JAX); see workers.py.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ except ImportError as e:  # pragma: no cover
         "ada.rewards.math_verifier needs math-verify: pip install 'math-verify==0.9.0'"
     ) from e
 
-from ada.rewards.pool import HardTimeoutPool
 from ada.rewards.tasks import last_boxed
+from ada.rewards.workers import HardTimeoutPool
 
 DEFAULT_TIMEOUT_S = 5.0  # per check; legitimate checks take milliseconds
 MAX_RESPONSE_CHARS = 6000  # tail of a response that is read (plus back to the last \boxed)

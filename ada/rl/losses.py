@@ -131,9 +131,11 @@ def kl_penalty(logp_BxT, ref_logp_BxT, estimator: str) -> jax.Array:
     raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
 
 
-def logp_and_entropy(logits_BxTxV, targets_BxT) -> tuple[jax.Array, jax.Array]:
-    """log p(target) and the entropy of the full next-token distribution, in float32."""
-    logits = logits_BxTxV.astype(jnp.float32)
+def logp_and_entropy(logits_BxTxV, targets_BxT,
+                     temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """log p(target) and the entropy of the full next-token distribution softmax(logits / T),
+    in float32 (scaled after the cast, as the sampler does, so both see the same numbers)."""
+    logits = logits_BxTxV.astype(jnp.float32) / temperature
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]
     probs = jnp.exp(logits - log_z[..., None])

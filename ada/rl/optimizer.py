@@ -1,9 +1,12 @@
 """AdamW with linear warm-up and global-norm clipping, plus the non-finite-step guard.
 
-The schedule counts *applied* updates (a skipped step leaves the optimizer state, and so
-the schedule, untouched). Warm-up is lr * min(1, (k + 1) / warmup_steps) for update k, so
-the first update already moves (transformers' schedule spends update 0 at lr 0).
-Weight decay, when non-zero, applies to every parameter as torch's AdamW does in verl.
+The schedule counts RL steps (train_step calls), as verl does: every mini-batch x epoch
+update of RL step s uses lr * min(1, (s + 1) / warmup_steps), so the first update already
+moves (transformers' schedule spends update 0 at lr 0) and warm-up does not end sooner with
+more mini-batches. Hence the optimizer is AdamW without its learning rate (clip -> Adam ->
+decayed weights) and `guarded_update` applies the lr of the step; for a constant lr this is
+optax.adamw exactly. Weight decay, when non-zero, applies to every parameter as torch's AdamW
+does in verl.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class OptimConfig:
 
 
 def lr_schedule(config: OptimConfig):
+    """RL step -> learning rate."""
+
     def schedule(count):
         warm = jnp.minimum(1.0, (count + 1.0) / max(config.warmup_steps, 1))
         return config.lr * warm
@@ -42,13 +47,12 @@ def lr_schedule(config: OptimConfig):
 
 
 def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
+    """AdamW up to the learning rate, which `guarded_update` applies (see module doc)."""
     parts = []
     if config.clip_norm is not None:
         parts.append(optax.clip_by_global_norm(config.clip_norm))
-    parts.append(optax.adamw(
-        lr_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
-        weight_decay=config.weight_decay,
-    ))
+    parts.append(optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps))
+    parts.append(optax.add_decayed_weights(config.weight_decay))
     return optax.chain(*parts)
 
 
@@ -57,8 +61,9 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def guarded_update(optimizer, grads, opt_state, params, ok: jax.Array):
-    """One optimizer update, applied only where `ok` (a scalar bool) holds.
+def guarded_update(optimizer, grads, opt_state, params, ok: jax.Array, lr: jax.Array):
+    """One optimizer update, scaled by the learning rate `lr`, applied only where `ok` (a
+    scalar bool) holds.
 
     Returns (params, opt_state); when not ok both come back bit-for-bit unchanged. A
     `lax.cond` rather than a `where` over old and new: only one branch's result is ever
@@ -68,6 +73,7 @@ def guarded_update(optimizer, grads, opt_state, params, ok: jax.Array):
     def apply(args):
         grads, opt_state, params = args
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        updates = jax.tree.map(lambda u: -lr * u, updates)  # as optax.scale_by_learning_rate
         return optax.apply_updates(params, updates), new_opt_state
 
     def keep(args):

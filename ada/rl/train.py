@@ -1,4 +1,5 @@
-"""The policy update: old-logp recompute, PPO epochs over mini-batches, gradient accumulation.
+"""The policy update: old- and reference-logp pass, PPO epochs over mini-batches, gradient
+accumulation.
 
 Batch format (a dict of arrays; one row per selected response, B = P prompts x n):
 
@@ -7,14 +8,16 @@ Batch format (a dict of arrays; one row per selected response, B = P prompts x n
   mask           [B, T] bool    real (non-padding) tokens, prompt and response
   response_mask  [B, T] float   1 where tokens[b, t] is a response token: the loss positions
   advantages     [B]    float   one per response, broadcast over its tokens
-  old_logp       [B, T] float   filled by `TrainFns.recompute_old_logp` right after collection;
+  old_logp       [B, T] float   filled by `TrainFns.add_logps` right after collection;
                                 may be absent when on-policy (1 epoch, 1 mini-batch)
-  ref_logp       [B, T] float   optional; needed when loss.kl_coef > 0
+  ref_logp       [B, T] float   log-probs under frozen reference params, filled by the same
+                                `add_logps` call; needed when loss.kl_coef > 0
 
 Alignment convention: every [B, T] array is indexed by the position of the token it is
 about. logp[b, t] = log pi(tokens[b, t] | tokens[b, :t]), computed from the hidden state at
 t - 1; logp[:, 0] = 0 (nothing predicts the first token), so response_mask[:, 0] must be 0
-— it always is, since a response follows a non-empty prompt.
+— it always is, since a response follows a non-empty prompt. All log-probs and entropies are
+of softmax(logits / config.temperature), the distribution the sampler draws from.
 
 Mini- and micro-batches are strided, not contiguous: with K mini-batches and M micro-batches,
 row i belongs to mini-batch i % K and micro-batch (i // K) % M. Under a batch sharded in
@@ -24,7 +27,7 @@ batch, so no rows move between devices. B must be a multiple of K * M * (data * 
 On-policy (ppo_epochs == 1 and mini_batches == 1) the ratio is exp(logp - stop_grad(logp))
 = 1 exactly, as in verl: the loss is then the plain policy gradient and old_logp is unused.
 Otherwise the ratio is against the batch's old_logp, which must come from this same forward
-pass (`recompute_old_logp`), never from the sampler.
+pass (`add_logps`), never from the sampler.
 """
 
 from __future__ import annotations
@@ -61,11 +64,17 @@ class TrainConfig:
     micro_batches: int = 1  # gradient-accumulation splits of each mini-batch
     remat: bool = False  # rematerialise each transformer block in the backward pass
     logit_chunk: int = 512  # tokens per chunk of the [B, chunk, V] logits
+    # The sampler's temperature: log-probs and entropy are of softmax(logits / T), the
+    # distribution sampled from. Greedy sampling (T = 0) trains on the raw distribution: pass 1.
+    temperature: float = 1.0
 
     def __post_init__(self):
         for name in ("ppo_epochs", "mini_batches", "micro_batches", "logit_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"TrainConfig.temperature={self.temperature} must be > 0 (for "
+                             "greedy sampling, temperature 0, train at 1.0)")
 
     @property
     def on_policy(self) -> bool:
@@ -90,8 +99,9 @@ def init_state(params, config: TrainConfig) -> TrainState:
 
 
 def token_logp(params, model_cfg: ModelConfig, batch, *, chunk: int, remat: bool = False,
-               mesh=None) -> tuple[jax.Array, jax.Array]:
-    """Per-token log-probs and entropies [B, T] (see the alignment convention above).
+               mesh=None, temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """Per-token log-probs and entropies [B, T] of softmax(logits / temperature), the
+    sampler's distribution (see the alignment convention above).
 
     The vocabulary projection runs over chunks of `chunk` positions under `jax.checkpoint`,
     so neither the forward nor the backward pass holds more than [B, chunk, V] logits.
@@ -114,7 +124,7 @@ def token_logp(params, model_cfg: ModelConfig, batch, *, chunk: int, remat: bool
 
     @jax.checkpoint
     def one(p, h_BxCxD, t_BxC):
-        return logp_and_entropy(project_logits(p, model_cfg, h_BxCxD), t_BxC)
+        return logp_and_entropy(project_logits(p, model_cfg, h_BxCxD), t_BxC, temperature)
 
     logp, ent = jax.lax.map(lambda xs: one(params, *xs), (h_NxBxCxD, t_NxBxC))
 
@@ -173,7 +183,7 @@ def check_batch(batch, config: TrainConfig, mesh=None, required=REQUIRED_KEYS) -
 
 def loss_fn(params, micro, denoms, model_cfg: ModelConfig, config: TrainConfig, mesh=None):
     logp, entropy = token_logp(params, model_cfg, micro, chunk=config.logit_chunk,
-                               remat=config.remat, mesh=mesh)
+                               remat=config.remat, mesh=mesh, temperature=config.temperature)
     old = jax.lax.stop_gradient(logp) if config.on_policy else micro["old_logp"]
     return policy_loss(logp, old, micro["advantages"], micro["response_mask"], config.loss,
                        entropy_BxT=entropy, ref_logp_BxT=micro.get("ref_logp"), denoms=denoms)
@@ -216,24 +226,26 @@ def train_step(state: TrainState, batch, model_cfg: ModelConfig, config: TrainCo
     """ppo_epochs x mini_batches guarded AdamW updates on one collected batch.
 
     Returns (state, metrics): loss metrics averaged over the updates, `skipped` (updates
-    skipped in this call), `skipped_total`, `grad_norm` (before clipping), `lr`.
+    skipped in this call), `skipped_total`, `grad_norm` (before clipping), `lr` (of this RL
+    step: the schedule counts train_step calls, see ada/rl/optimizer.py).
     """
     if not config.on_policy and "old_logp" not in batch:
         raise ValueError("train batch has no old_logp but the update is off-policy "
                          f"(ppo_epochs={config.ppo_epochs}, mini_batches={config.mini_batches});"
-                         " call recompute_old_logp first")
+                         " call add_logps first")
     check_batch(batch, config, mesh)
     K, M = config.mini_batches, config.micro_batches
     optimizer = make_optimizer(config.optim)
-    schedule = lr_schedule(config.optim)
+    lr = lr_schedule(config.optim)(state.step)  # one lr for all updates of this RL step
     minis = jax.tree.map(lambda x: _split(x, K, M, mesh), batch)  # [K, M, b, ...]
 
     def update(state: TrainState, mini):
         grads, metrics = minibatch_grads(state.params, mini, model_cfg, config, mesh,
                                          grad_shardings)
         ok = jnp.isfinite(metrics["loss"]) & all_finite(grads)
-        params, opt_state = guarded_update(optimizer, grads, state.opt_state, state.params, ok)
-        metrics = dict(metrics, grad_norm=optax.tree.norm(grads), lr=schedule(state.updates),
+        params, opt_state = guarded_update(optimizer, grads, state.opt_state, state.params, ok,
+                                           lr)
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads),
                        skipped=(~ok).astype(jnp.float32))
         okint = ok.astype(jnp.int32)
         state = state.replace(params=params, opt_state=opt_state,
@@ -247,6 +259,7 @@ def train_step(state: TrainState, batch, model_cfg: ModelConfig, config: TrainCo
     out = {k: jnp.mean(v) for k, v in metrics.items()}
     out["skipped"] = jnp.sum(metrics["skipped"])
     out["skipped_total"] = state.skipped.astype(jnp.float32)
+    out["lr"] = lr
     return state.replace(step=state.step + 1), out
 
 
@@ -260,9 +273,22 @@ def compute_logp(params, batch, model_cfg: ModelConfig, config: TrainConfig, mes
     groups = jax.tree.map(lambda x: _split(x, 1, G, mesh)[0], inputs)  # [G, b, ...]
 
     def one(micro):
-        return token_logp(params, model_cfg, micro, chunk=config.logit_chunk, mesh=mesh)[0]
+        return token_logp(params, model_cfg, micro, chunk=config.logit_chunk, mesh=mesh,
+                          temperature=config.temperature)[0]
 
     return _merge(jax.lax.map(one, groups)[None])
+
+
+def compute_logps(params, ref_params, batch, model_cfg: ModelConfig, config: TrainConfig,
+                  mesh=None) -> dict[str, jax.Array]:
+    """The log-probs the update needs besides its own: old_logp from `params` when off-policy,
+    ref_logp from the frozen `ref_params` when loss.kl_coef > 0 (empty dict when neither)."""
+    needed = {}
+    if not config.on_policy:
+        needed["old_logp"] = params
+    if config.loss.kl_coef > 0:
+        needed["ref_logp"] = ref_params
+    return {k: compute_logp(p, batch, model_cfg, config, mesh) for k, p in needed.items()}
 
 
 # ----------------------------------------------------------------------------- jit + shardings
@@ -282,7 +308,7 @@ class TrainFns:
     mesh: Any
     state_sharding: Any
     train_step: Any  # (state, batch) -> (state, metrics)
-    logp: Any  # (params, batch) -> logp [B, T]; with frozen reference params: ref_logp
+    logps: Any  # (params, ref_params, batch) -> {old_logp, ref_logp} as needed (compute_logps)
     _init: Any
 
     def init_state(self, params) -> TrainState:
@@ -296,9 +322,17 @@ class TrainFns:
         batch = {k: jnp.asarray(v, BATCH_DTYPES.get(k)) for k, v in batch.items()}
         return batch if self.mesh is None else shd.shard_batch(batch, self.mesh)
 
-    def recompute_old_logp(self, state: TrainState, batch):
-        """The batch with old_logp from the current parameters (call right after collection)."""
-        return dict(batch, old_logp=self.logp(state.params, batch))
+    def add_logps(self, state: TrainState, batch, ref_params=None):
+        """The batch with old_logp (off-policy) and ref_logp (kl_coef > 0, from the frozen
+        `ref_params`, placed like the policy params) in one call; call right after
+        collection, before the parameters move."""
+        kl_coef = self.config.loss.kl_coef
+        if kl_coef > 0 and ref_params is None:
+            raise ValueError(f"loss.kl_coef={kl_coef} needs reference params for ref_logp: "
+                             "pass ref_params (e.g. the initial policy), or set kl_coef=0")
+        if kl_coef == 0:
+            ref_params = None  # unused: not an input of the jitted pass
+        return dict(batch, **self.logps(state.params, ref_params, batch))
 
 
 def abstract_state(model_cfg: ModelConfig, config: TrainConfig) -> TrainState:
@@ -317,11 +351,11 @@ def make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh=None) -> Tr
 @functools.lru_cache(maxsize=32)
 def _make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh) -> TrainFns:
     step = functools.partial(train_step, model_cfg=model_cfg, config=config, mesh=mesh)
-    logp = functools.partial(compute_logp, model_cfg=model_cfg, config=config, mesh=mesh)
+    logps = functools.partial(compute_logps, model_cfg=model_cfg, config=config, mesh=mesh)
     init = functools.partial(init_state, config=config)
     if mesh is None:
         return TrainFns(model_cfg, config, None, None, jax.jit(step, donate_argnums=0),
-                        jax.jit(logp), jax.jit(init))
+                        jax.jit(logps), jax.jit(init))
 
     abstract = abstract_state(model_cfg, config)
     p_sh = shd.param_shardings(abstract.params, mesh)
@@ -337,7 +371,8 @@ def _make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh) -> TrainF
         model_cfg, config, mesh, state_sh,
         jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
                 donate_argnums=0),
-        jax.jit(logp, in_shardings=(p_sh, batch_sh), out_shardings=batch_sh),
+        jax.jit(logps, in_shardings=(p_sh, p_sh if config.loss.kl_coef > 0 else None,
+                                     batch_sh), out_shardings=batch_sh),
         jax.jit(init, in_shardings=(p_sh,), out_shardings=state_sh),
     )
 

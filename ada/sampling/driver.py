@@ -125,11 +125,6 @@ class Driver:
             step_key = jax.random.PRNGKey(int(step_key))
         self.step_key = step_key
 
-    def set_params(self, params) -> None:
-        """New weights (e.g. after a train step); drops the prefix cache."""
-        self.params = self.engine.prepare_params(params)
-        self._prefixes.clear()
-
     # -- the API the adaptive scheduler calls -------------------------------------
 
     def submit(self, request: Request) -> int:
@@ -159,12 +154,6 @@ class Driver:
     def free_slots(self) -> int:
         """Slots that queued requests will not already take at the next step()."""
         return max(0, len(self._free) - len(self._queue))
-
-    def busy(self) -> int:
-        return len(self._slots)
-
-    def pending(self) -> int:
-        return len(self._queue) + len(self._errors)
 
     def step(self) -> list[Completion]:
         """Refill, run one jitted chunk, return the responses that finished."""

@@ -47,7 +47,6 @@ own dot and loop emitters ran the step ~15% faster (benchmarks/decode.py, docs/r
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
@@ -445,9 +444,6 @@ class Engine:
         tokens, mask = self.pad_prompts(prompts)
         return self._prefill(params, jnp.asarray(tokens), jnp.asarray(mask))
 
-    def prefill_padded(self, params, tokens_NxP, mask_NxP) -> Prefix:
-        return self._prefill(params, tokens_NxP, mask_NxP)
-
     def insert(self, prefix: Prefix, state: DecodeState, slot: int, *, row: int = 0,
                key: jax.Array | None = None, max_new_tokens: int | None = None) -> DecodeState:
         """Insert prefix row `row` into `slot`. `key` is the request's base key
@@ -493,9 +489,3 @@ class Engine:
         return {"prefill": len(self.prompt_buckets) * len(self.row_buckets),
                 "insert": len(self.prompt_buckets) * len(self.row_buckets),
                 "move": 1, "generate": len(self.slot_buckets) * len(self.window_buckets)}
-
-
-def cache_bytes(config: ModelConfig, num_slots: int, cache_len: int) -> int:
-    itemsize = jnp.dtype(config.compute_dtype).itemsize
-    return 2 * itemsize * math.prod(
-        (config.num_layers, num_slots, config.num_kv_heads, cache_len, config.head_dim))

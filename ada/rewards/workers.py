@@ -70,7 +70,7 @@ class _Worker:
 
 
 @dataclasses.dataclass
-class PoolStats:
+class WorkerStats:
     """Counters since the pool was made. `busy_s` is wall time spent inside `map`."""
 
     tasks: int = 0
@@ -124,7 +124,7 @@ class HardTimeoutPool:
         if self._ctx.get_start_method() == "forkserver" and preload:
             # Only takes effect if this process's fork server is not running yet.
             self._ctx.set_forkserver_preload(list(preload))
-        self.stats = PoolStats()
+        self.stats = WorkerStats()
         self._failed_starts = 0
         self._workers: list[_Worker] = []
         self._closed = False

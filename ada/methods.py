@@ -1,0 +1,70 @@
+"""What a method is, in one table: every other place (config, collection, the step) reads it.
+
+  method       collection                                   baseline from     / std   more prompts
+  grpo         one round of n per prompt                    the n kept        yes     no
+  dapo         grpo; drop uniform groups, draw new prompts  the n kept        yes     yes
+  ada_pos      rounds of M until one correct (at most N)    every draw        no      no
+  ada_balance  rounds of M until n/2 correct + n/2 wrong    every draw        no      no
+  exhaustive   the whole M x N budget, no early exit        every draw        no      no
+
+As the official scripts: GRPO and DAPO divide the advantage by the group's std;
+Reinforce-Ada takes mean and std from the whole pool and does not divide
+(norm_adv_by_std_in_grpo=False). `adaptive.normalize_std` overrides the division when set.
+`exhaustive` is the upper bound on sampling cost the adaptive rules are measured against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ada.adaptive.collect import CollectConfig, Collected
+from ada.rl.advantages import advantages as _advantages
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str
+    rule: str  # exit rule (ada.adaptive.rules)
+    adaptive_rounds: bool  # rounds of M up to N; False: one round of n
+    stats_from: str  # advantage baseline: "group" (the n kept) or "pool" (every draw)
+    normalize_std: bool  # divide the advantage by the std
+    draws_more_prompts: bool = False  # DAPO's dynamic sampling
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("grpo", rule="none", adaptive_rounds=False, stats_from="group", normalize_std=True),
+    Method("dapo", rule="none", adaptive_rounds=False, stats_from="group", normalize_std=True,
+           draws_more_prompts=True),
+    Method("ada_pos", rule="pos", adaptive_rounds=True, stats_from="pool", normalize_std=False),
+    Method("ada_balance", rule="balance", adaptive_rounds=True, stats_from="pool",
+           normalize_std=False),
+    Method("exhaustive", rule="none", adaptive_rounds=True, stats_from="pool",
+           normalize_std=False),
+)}
+
+
+def get(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def collect_config(name: str, n: int = 4, samples_per_round: int = 8, max_rounds: int = 4,
+                   **overrides) -> CollectConfig:
+    """The CollectConfig of a method: grpo/dapo draw one round of n, the others rounds of
+    `samples_per_round` (M) up to `max_rounds` (N). `overrides` set any other field."""
+    m = get(name)
+    rounds = (dict(samples_per_round=samples_per_round, max_rounds=max_rounds)
+              if m.adaptive_rounds else dict(samples_per_round=n, max_rounds=1))
+    return CollectConfig(rule=m.rule, n=n, dynamic_sampling=m.draws_more_prompts,
+                         **{**rounds, **overrides})
+
+
+def advantages(name: str, collected: Collected, normalize_std: bool | None = None) -> np.ndarray:
+    """Advantages [P, n] of a collected batch, as the method defines them (float32)."""
+    m = get(name)
+    norm = m.normalize_std if normalize_std is None else normalize_std
+    return np.asarray(_advantages(collected.rewards, stats_from=m.stats_from, pool=collected.pool,
+                                  group_valid_PxN=collected.group_valid, norm_by_std=norm))

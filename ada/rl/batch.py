@@ -1,0 +1,79 @@
+"""A collected [P, n] batch -> the train step's [P*n, T] arrays (see ada/rl/train.py for
+the format), with rows ordered so every PPO mini-batch holds whole prompts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from ada import sharding as shd
+from ada.adaptive.collect import Collected
+from ada.models.transformer import positions_from_mask
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    prompt_len: int  # prompts left-padded to this many tokens
+    response_len: int  # responses right-padded (and cut) to this many
+    pad_id: int
+    mini_batches: int = 1
+
+
+def minibatch_row_order(P: int, n: int, mini_batches: int) -> np.ndarray:
+    """Row order under which the train step's strided split (row i -> mini-batch i % K) gives
+    every mini-batch whole prompts: all n responses of a prompt update together, as in verl.
+
+    Without it, prompt-major rows put member j of every prompt into mini-batch j when K = n,
+    and selection lists positives first, so each optimizer update would see one sign only.
+    """
+    K = mini_batches
+    if K <= 1:
+        return np.arange(P * n)
+    if P % K:
+        raise ValueError(f"{P} prompts per process do not split into optim.mini_batches={K} "
+                         "mini-batches of whole prompts; make data.prompts_per_step / processes "
+                         "a multiple of optim.mini_batches")
+    per_mini = [[p * n + j for p in range(k, P, K) for j in range(n)] for k in range(K)]
+    return np.array([per_mini[i % K][i // K] for i in range(P * n)])
+
+
+def build_train_batch(collected: Collected, advantages_PxN, layout: BatchLayout) -> dict[str, np.ndarray]:
+    """[P, n] selected responses -> a [P*n, T] batch (prompt left-padded, response right),
+    rows in `minibatch_row_order`. Invalid group slots keep the prompt, no response tokens
+    and advantage 0."""
+    P, n = collected.group_valid.shape
+    Tp, Tr = layout.prompt_len, layout.response_len
+    B = P * n
+    tokens = np.full((B, Tp + Tr), layout.pad_id, np.int32)
+    mask = np.zeros((B, Tp + Tr), bool)
+    rmask = np.zeros((B, Tp + Tr), np.float32)
+    adv = np.zeros((B,), np.float32)
+    for p in range(P):
+        prompt = collected.prompts[p]["prompt_tokens"]
+        rows = slice(p * n, (p + 1) * n)
+        tokens[rows, Tp - len(prompt): Tp] = prompt
+        mask[rows, Tp - len(prompt): Tp] = True
+        for j in range(n):
+            c = collected.completions[p][j]
+            if not collected.group_valid[p, j] or c is None:
+                continue
+            b = p * n + j
+            resp = list(c.token_ids)[:Tr]
+            tokens[b, Tp: Tp + len(resp)] = resp
+            mask[b, Tp: Tp + len(resp)] = True
+            rmask[b, Tp: Tp + len(resp)] = 1.0
+            adv[b] = advantages_PxN[p, j]
+    positions = np.asarray(positions_from_mask(mask)).astype(np.int32)
+    order = minibatch_row_order(P, n, layout.mini_batches)
+    batch = {"tokens": tokens, "positions": positions, "mask": mask, "response_mask": rmask,
+             "advantages": adv}
+    return {k: v[order] for k, v in batch.items()}
+
+
+def to_global(batch: dict[str, np.ndarray], mesh) -> dict:
+    """Every process's rows stacked into one global batch sharded over data x fsdp."""
+    return {k: jax.make_array_from_process_local_data(shd.batch_sharding(mesh, np.ndim(v)),
+                                                      np.asarray(v))
+            for k, v in batch.items()}

@@ -1,0 +1,73 @@
+"""Sampling from the current policy: adaptive collection for training, plain k-per-prompt
+draws for evaluation, both through this process's engine.
+
+Generation is process-local: each process samples its own prompts on its own devices with
+no collective inside the round loop, so one process whose prompts exit in round 1 cannot
+hang another that needs four. The only cross-process step is bringing the trained params
+to the engine (`local_params`), once per collection.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+
+import jax
+from jax.experimental import multihost_utils
+
+from ada.adaptive.collect import CollectConfig, Collected, Collector
+from ada.sampling.driver import Completion, Driver, Request
+from ada.sampling.engine import Engine
+
+
+class Rollout:
+    """One engine, the tokenizer that decodes it, and how a training batch is collected."""
+
+    def __init__(self, engine: Engine, tokenizer, collect_cfg: CollectConfig, reward, *,
+                 train_mesh=None):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.collect_cfg = collect_cfg
+        self.reward = reward
+        self.train_mesh = train_mesh
+        self.process_index, self.process_count = jax.process_index(), jax.process_count()
+
+    def local_params(self, params):
+        """This process's full copy of the (possibly sharded) trained params."""
+        if self.train_mesh is None:
+            return params
+        return jax.tree.map(
+            lambda x: x.addressable_data(0) if x.is_fully_replicated
+            else jax.device_put(multihost_utils.process_allgather(x, tiled=True)), params)
+
+    def driver(self, params, key) -> Driver:
+        # the engine folds raw uint32 keys
+        return Driver(self.engine, self.local_params(params), tokenizer=self.tokenizer,
+                      step_key=jax.random.key_data(key))
+
+    def collect(self, params, prompts: Sequence[dict], key,
+                more_prompts: Iterable[Sequence[dict]] | None = None) -> Collected:
+        """One adaptive collection of this process's prompt records (with `prompt_tokens`);
+        DAPO draws further prompts one by one from the batches of `more_prompts`."""
+        with jax.default_device(jax.local_devices()[0]):
+            driver = self.driver(params, jax.random.fold_in(key, 0))
+            collector = Collector(
+                self.collect_cfg, self.reward, driver=driver,
+                make_request=lambda r: Request(prompt_tokens=r.prompt["prompt_tokens"],
+                                               prompt_id=r.prompt_id, sample_idx=r.sample_idx),
+                process_index=self.process_index, process_count=self.process_count)
+            more = None
+            if self.collect_cfg.dynamic_sampling:
+                more = itertools.chain.from_iterable(more_prompts or ())
+            return collector.collect(prompts, jax.random.fold_in(key, 1), more_prompts=more)
+
+    def sample(self, params, records: Sequence[dict], k: int, key,
+               first_prompt_id: int = 0) -> list[list[Completion]]:
+        """k responses for each record; record i draws as prompt first_prompt_id + i."""
+        with jax.default_device(jax.local_devices()[0]):
+            driver = self.driver(params, key)
+            reqs = [Request(prompt_tokens=r["prompt_tokens"], prompt_id=first_prompt_id + i,
+                            sample_idx=j) for i, r in enumerate(records) for j in range(k)]
+            outs = driver.generate_all(reqs)
+        return [outs[i * k:(i + 1) * k] for i in range(len(records))]
+

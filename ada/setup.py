@@ -1,0 +1,305 @@
+"""From a validated config to the pieces of a run: task, tokenizer, model, mesh, samplers,
+train functions. Everything a bad input can break is read here, before anything compiles,
+and fails with a one-line ConfigError naming the knob to change.
+
+`build(config)` is the one entry: the training loop, `python -m ada.evaluate` and the
+difficulty filter all call it, so a run directory is rebuilt exactly as it was trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import logging
+import os
+from typing import Any
+
+import jax
+
+from ada import methods
+from ada import sharding as shd
+from ada.adaptive.collect import CollectConfig
+from ada.config import ConfigError
+from ada.data.sources import DataError, RecordFormat, load_records
+from ada.data.synthetic import make_dataset
+from ada.models import init_params, preset
+from ada.models.hf import load_hf, read_config
+from ada.rewards.math_verifier import math_reward
+from ada.rewards.tasks import arithmetic_reward, countdown_reward
+from ada.rl.losses import LossConfig
+from ada.rl.optimizer import OptimConfig
+from ada.rl.train import TrainConfig, TrainFns, make_train_fns
+from ada.rollout import Rollout
+from ada.sampling.engine import Engine
+from ada.sampling.samplers import SamplingConfig
+from ada.templates import encode_prompt, render_prompt
+from ada.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+
+log = logging.getLogger(__name__)
+
+DROPPED_WARN_SHARE = 0.1  # warn when more prompts than this are too long for the run
+
+
+# ----------------------------------------------------------------------------- task
+
+
+@dataclasses.dataclass
+class Task:
+    train: list[dict]
+    eval: list[dict]
+    reward: Any  # reward(record, text) -> float, never raising
+    response: Any  # record -> the reference response text (warm start), or None
+    name: str
+
+
+def load_reward(spec: str):
+    """'package.module:function' -> the reward callable (reward(record, text) -> float)."""
+    mod, _, fn = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(mod), fn)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"data.reward={spec!r} cannot be imported ({e}); "
+                          "write it as package.module:function") from None
+
+
+def load_task(config) -> Task:
+    d = config.data
+    if d.source in ("arithmetic", "countdown"):
+        mix = parse_mix(d.difficulty)
+        train, evals = (make_dataset(d.source, num, seed=d.task_seed, difficulty_mix=mix, split=split)
+                        for num, split in ((d.num_train, "train"), (d.num_eval, "test")))
+        if d.source == "arithmetic":
+            task = Task(train, evals, arithmetic_reward, lambda r: " " + r["answer"], d.source)
+        else:
+            task = Task(train, evals, countdown_reward, lambda r: " " + r["solution"], d.source)
+    elif d.source in ("jsonl", "parquet"):
+        fmt = RecordFormat(problem_key=d.problem_key, answer_key=d.answer_key)
+        on_bad_row = d.get("on_bad_row", "raise")
+        try:
+            train = load_records(d.train_path, fmt, on_bad_row=on_bad_row)
+            evals = load_records(d.eval_path, fmt, on_bad_row=on_bad_row) if d.eval_path else []
+        except DataError as e:
+            raise ConfigError(f"{e.problem}; fix the file or pass --config.data.on_bad_row=skip "
+                              "to skip such rows" if e.skippable else str(e)) from None
+        task = Task(train, evals[: d.num_eval or None], math_reward, None,
+                    os.path.basename(d.train_path))
+    else:
+        raise ConfigError(f"data.source={d.source!r} is not one of arithmetic, countdown, "
+                          "jsonl, parquet")
+    if d.reward:
+        task.reward = load_reward(d.reward)
+    return task
+
+
+def parse_mix(difficulty: str) -> dict[int, float]:
+    """'1:0.3,2:0.5,3:0.2' -> {1: 0.3, 2: 0.5, 3: 0.2}; a bare level has weight 1."""
+    out = {}
+    for part in str(difficulty).split(","):
+        if not part.strip():
+            continue
+        level, _, weight = part.partition(":")
+        try:
+            out[int(level)] = float(weight) if weight else 1.0
+        except ValueError:
+            raise ConfigError(f"data.difficulty={difficulty!r}: write level:weight pairs, "
+                              "e.g. '1:0.3,2:0.5,3:0.2'") from None
+    return out
+
+
+def encode_records(records, tokenizer: Tokenizer, template: str,
+                   max_len: int) -> tuple[list[dict], list[int]]:
+    """Attach `prompt_tokens` to each record; returns (the records that fit in max_len, the
+    token lengths of those that do not)."""
+    out, too_long = [], []
+    for r in records:
+        ids = encode_prompt(tokenizer, template, r["problem"])
+        if len(ids) > max_len:
+            too_long.append(len(ids))
+            continue
+        out.append(dict(r, prompt_tokens=ids))
+    return out, too_long
+
+
+def too_long_message(what: str, total: int, too_long: list[int], max_len: int, knob: str) -> str:
+    return (f"{len(too_long)} of {total} {what} are longer than {max_len} prompt tokens (the "
+            f"longest has {max(too_long)}) and are skipped; raise {knob}")
+
+
+# ----------------------------------------------------------------------------- tokenizer, model
+
+
+def cache_dir(config) -> str:
+    return config.warmstart.cache_dir or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "ada")
+
+
+def load_tokenizer_for(config, task: Task) -> Tokenizer:
+    """The model's tokenizer, or for a synthetic task a tiny SentencePiece trained on it
+    (cached by the texts it was trained on)."""
+    if config.tokenizer.path:
+        return load_tokenizer(config.tokenizer.path)
+    if config.model.path:
+        return load_tokenizer(config.model.path)
+    response = task.response or (lambda r: " " + r["answer"])
+    texts = [render_prompt(config.tokenizer.template, r["problem"]) + response(r)
+             for r in task.train + task.eval]
+    h = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
+    folder = os.path.join(cache_dir(config), "tokenizers")
+    path = os.path.join(folder, f"sp-{config.tokenizer.vocab_size}-{h}.model")
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        tmp = path[:-6] + f".tmp{os.getpid()}.model"
+        train_sentencepiece(texts, config.tokenizer.vocab_size, tmp)
+        os.replace(tmp, path)
+    return load_tokenizer(path)
+
+
+def model_config_for(config, tokenizer: Tokenizer):
+    """The model's config: a Hugging Face directory's, or the preset sized to the tokenizer."""
+    m = config.model
+    if m.path:
+        return read_config(m.path)[1].replace(dtype=m.dtype, param_dtype=m.param_dtype)
+    overrides = {k: v for k, v in (("hidden_size", m.hidden_size), ("num_layers", m.num_layers)) if v}
+    return preset(m.preset, family=m.family, vocab_size=max(tokenizer.vocab_size, 1),
+                  dtype=m.dtype, param_dtype=m.param_dtype, **overrides)
+
+
+def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_records):
+    """(params, warm-start info): a Hugging Face checkpoint, a random init, or a random init
+    with the (cached) supervised warm start on the synthetic task."""
+    from ada import warmstart
+
+    c = config
+    if c.model.path:
+        return load_hf(c.model.path, dtype=c.model.dtype, param_dtype=c.model.param_dtype)[0], {}
+    if not c.warmstart.enabled:
+        return init_params(model_cfg, jax.random.key(c.seed)), {}
+    if task.response is None:
+        raise ConfigError("warmstart.enabled needs a synthetic task (data.source=arithmetic|countdown)")
+    eos = tokenizer.eos_id
+    examples = [(r["prompt_tokens"], tokenizer.encode(task.response(r)) + [eos])
+                for r in train_records]
+    w = c.warmstart
+    settings = dict(steps=w.steps, batch_size=w.batch_size, lr=w.lr)
+    vocab_fp = hashlib.sha256("\x00".join(
+        tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)).encode()).hexdigest()
+    key = warmstart.cache_key(model_cfg, vocab_fp, train_records, task.name, settings, w.seed)
+    return warmstart.warm_start(model_cfg, examples, key_parts=key, steps=w.steps,
+                                batch_size=w.batch_size, lr=w.lr, seed=w.seed,
+                                pad_id=tokenizer.pad_id,
+                                cache_dir=os.path.join(cache_dir(c), "warmstart"))
+
+
+# ----------------------------------------------------------------------------- training, sampling
+
+
+def make_mesh(config):
+    """None (plain jit) on one device; else a (data, fsdp, tensor) mesh over all devices."""
+    n = jax.device_count()
+    data, fsdp, tensor = config.mesh.data, config.mesh.fsdp, config.mesh.tensor
+    if data == -1:
+        if n % (fsdp * tensor):
+            raise ConfigError(f"mesh fsdp*tensor={fsdp * tensor} does not divide the {n} devices; "
+                              "change mesh.fsdp / mesh.tensor")
+        data = n // (fsdp * tensor)
+    if data * fsdp * tensor == 1:
+        return None
+    return shd.make_mesh((data, fsdp, tensor))
+
+
+def train_config(config) -> TrainConfig:
+    o = config.optim
+    return TrainConfig(
+        loss=LossConfig(eps_low=o.clip_low, eps_high=o.clip_high,
+                        dual_clip_c=o.dual_clip if o.dual_clip > 1 else None,
+                        agg_mode=o.loss_agg, entropy_coef=o.entropy_coef, kl_coef=o.kl_coef,
+                        kl_estimator=o.get("kl_estimator", "k3")),
+        optim=OptimConfig(lr=o.lr, warmup_steps=o.warmup_steps, weight_decay=o.weight_decay,
+                          clip_norm=o.grad_clip if o.grad_clip > 0 else None),
+        ppo_epochs=o.epochs, mini_batches=o.mini_batches, micro_batches=o.micro_batches,
+        remat=config.model.remat, temperature=config.sampling.temperature or 1.0)
+
+
+def collect_config(config) -> CollectConfig:
+    a = config.adaptive
+    return methods.collect_config(
+        config.method, n=a.n, samples_per_round=a.samples_per_round, max_rounds=a.max_rounds,
+        threshold=a.positive_threshold, reward_range=tuple(a.reward_range),
+        scheduler=a.scheduler, max_prompt_batches=a.dapo_max_batches)
+
+
+def make_engine(config, model_cfg, tokenizer: Tokenizer, *, temperature: float,
+                max_new_tokens: int) -> Engine:
+    """A sampling engine on this process's first device: generation is process-local (its
+    default placement, jax.devices()[0], may belong to another process)."""
+    s = config.sampling
+    prompt_len = 1 << max(0, (config.data.max_prompt_len - 1).bit_length())
+    mesh = None
+    if jax.device_count() > 1:
+        mesh = shd.make_mesh((1, 1, 1), devices=jax.local_devices()[:1])
+    return Engine(model_cfg, num_slots=s.num_slots, max_prompt_len=prompt_len,
+                  max_new_tokens=max_new_tokens,
+                  sampling=SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p),
+                  eos_ids=tuple(tokenizer.eos_ids), chunk_size=s.chunk_size, mesh=mesh,
+                  slot_bucketing=s.slot_bucketing, max_prefill_rows=s.max_prefill_rows,
+                  num_windows=s.get("num_windows", 4),  # absent from runs older than the key
+                  min_prompt_bucket=min(16, prompt_len))
+
+
+# ----------------------------------------------------------------------------- the whole run
+
+
+@dataclasses.dataclass
+class Setup:
+    config: Any
+    task: Task
+    tokenizer: Tokenizer
+    model_cfg: Any
+    params: Any  # the initial params (None when built with initial=False)
+    warm_info: dict
+    train_records: list[dict]  # with prompt_tokens; prompts too long for the run dropped
+    eval_records: list[dict]
+    dropped_prompts: int
+    mesh: Any
+    fns: TrainFns
+    rollout: Rollout  # training samples
+    eval_rollout: Rollout  # held-out samples (eval temperature and length)
+
+
+def build(config, *, initial: bool = True) -> Setup:
+    """Everything a run holds, from a validated config. `initial=False` skips the initial
+    params (and the warm start) for callers that restore a checkpoint instead."""
+    c = config
+    task = load_task(c)
+    tokenizer = load_tokenizer_for(c, task)
+    max_len = c.data.max_prompt_len
+    train_records, too_long = encode_records(task.train, tokenizer, c.tokenizer.template, max_len)
+    if not train_records:
+        raise ConfigError(f"no training prompt fits data.max_prompt_len={max_len} (the shortest "
+                          f"has {min(too_long, default=0)} tokens); raise --config.data.max_prompt_len")
+    if len(too_long) > DROPPED_WARN_SHARE * len(task.train):
+        log.warning(too_long_message("training prompts", len(task.train), too_long, max_len,
+                                     "--config.data.max_prompt_len"))
+    eval_records, eval_too_long = encode_records(task.eval, tokenizer, c.tokenizer.template,
+                                                 max_len)
+    if eval_too_long:
+        log.warning(too_long_message("held-out prompts", len(task.eval), eval_too_long, max_len,
+                                     "--config.data.max_prompt_len"))
+    model_cfg = model_config_for(c, tokenizer)
+    params, warm_info = (initial_params(c, model_cfg, tokenizer, task, train_records)
+                         if initial else (None, {}))
+    mesh = make_mesh(c)
+    s, e = c.sampling, c.eval
+
+    def rollout(temperature, max_new_tokens):
+        engine = make_engine(c, model_cfg, tokenizer, temperature=temperature,
+                             max_new_tokens=max_new_tokens)
+        return Rollout(engine, tokenizer, collect_config(c), task.reward, train_mesh=mesh)
+
+    train_rollout = rollout(s.temperature, s.max_new_tokens)
+    eval_new = e.max_new_tokens or s.max_new_tokens
+    same = e.temperature == s.temperature and eval_new == s.max_new_tokens
+    return Setup(c, task, tokenizer, model_cfg, params, warm_info, train_records, eval_records,
+                 len(too_long), mesh, make_train_fns(model_cfg, train_config(c), mesh),
+                 train_rollout, train_rollout if same else rollout(e.temperature, eval_new))
