@@ -210,13 +210,3 @@ def _barrier(name: str) -> None:
 
         multihost_utils.sync_global_devices(name)
 
-
-def export_hf(checkpoint_dir: str, out_dir: str, model_config, step: int | None = None,
-              tokenizer_dir: str | None = None, dtype: str | None = None) -> list[str]:
-    """Write the params of a checkpoint as a Hugging Face directory (ada.models.hf.save_hf)."""
-    from ada.models.hf import save_hf
-
-    ckpt = Checkpointer(checkpoint_dir, keep=10**9)
-    state, meta = ckpt.restore_params(step)
-    params = state["params"] if isinstance(state, dict) and "params" in state else state
-    return save_hf(params, model_config, out_dir, dtype=dtype, tokenizer_dir=tokenizer_dir)

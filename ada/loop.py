@@ -25,12 +25,11 @@ from ada import distributed, setup
 from ada.checkpoint import Checkpointer
 from ada.data.iterator import PromptIterator
 from ada.evaluate import evaluate
+from ada.export import export_hf
 from ada.metrics import MetricsWriter, Progress, plot_run, read_jsonl
-from ada.models.hf import save_hf
 from ada.rl.batch import BatchLayout
 from ada.rl.train import TrainState
 from ada.step import rl_step
-from ada.tokenizer import export_tokenizer
 
 log = logging.getLogger("ada.loop")
 
@@ -134,10 +133,8 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
     if c.checkpoint.export_hf and step >= c.train.steps:
         params = jax.device_get(s.rollout.local_params(state.params))  # every process joins
         if main:
-            out = os.path.join(workdir, "hf")
-            save_hf(params, s.model_cfg, out)
-            export_tokenizer(s.tokenizer, out)
-            summary["hf"] = out
+            summary["hf"] = os.path.join(workdir, "hf")
+            export_hf(params, s.model_cfg, s.tokenizer, summary["hf"])
     if main:
         evals = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
                  if r.get("eval_accuracy") is not None]

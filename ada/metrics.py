@@ -141,9 +141,14 @@ class MetricsWriter:
 
 
 class Progress:
-    """A tqdm bar over training steps with ETA and a few live numbers; process 0 only."""
+    """A tqdm bar over training steps with ETA and a few live numbers; process 0 only:
+    acc = the policy's accuracy on the step's prompts (first round), eval = held-out
+    accuracy (last eval), zero_var = share of kept groups with no signal, draws/p =
+    responses drawn per prompt. The kept-group reward is left out: under balanced
+    selection it sits near 1/2 whatever the policy does."""
 
-    KEYS = ("reward_mean", "zero_variance_share", "samples_per_prompt", "eval_accuracy")
+    SHORT = {"reward_round0_mean": "acc", "eval_accuracy": "eval",
+             "zero_variance_share": "zero_var", "samples_per_prompt": "draws/p"}
 
     def __init__(self, total: int, initial: int = 0, enabled: bool | None = None, desc: str = "train"):
         self.enabled = _is_main() if enabled is None else enabled
@@ -158,12 +163,11 @@ class Progress:
     def update(self, metrics: dict, n: int = 1) -> None:
         if self._bar is None:
             return
-        for k in self.KEYS:
+        for k in self.SHORT:
             if metrics.get(k) is not None:
                 self._last[k] = metrics[k]
-        short = {"reward_mean": "R", "zero_variance_share": "zv", "samples_per_prompt": "s/p",
-                 "eval_accuracy": "eval"}
-        self._bar.set_postfix({short[k]: f"{v:.3f}" for k, v in self._last.items()}, refresh=False)
+        self._bar.set_postfix({self.SHORT[k]: f"{self._last[k]:.3f}" for k in self.SHORT
+                               if k in self._last}, refresh=False)
         self._bar.update(n)
 
     def write(self, text: str) -> None:

@@ -24,7 +24,8 @@ from ada.config import ConfigError
 from ada.data.sources import DataError, RecordFormat, load_records
 from ada.data.synthetic import make_dataset
 from ada.models import init_params, preset
-from ada.models.hf import load_hf, read_config
+from ada.models.hf import load_hf
+from ada.models.hf_config import read_config
 from ada.rewards.math_verifier import math_reward
 from ada.rewards.tasks import arithmetic_reward, countdown_reward
 from ada.rl.losses import LossConfig

@@ -16,10 +16,7 @@ Special tokens are resolved once, at load time, into plain ints:
 `encode(text, add_special=True)` adds what the tokenizer adds by itself (SentencePiece: BOS;
 tokenizer.json: its post-processor). Chat-template renderings already contain their special
 tokens as text, so they are encoded with add_special=False (see `ada.templates`).
-`vocab_size` is 1 + the largest id; check it against a model with `ada.models.hf.check_vocab`.
-
-`export_tokenizer` writes a tokenizer into a Hugging Face model directory (next to
-`ada.models.hf.save_hf`'s weights) so transformers' AutoTokenizer loads it and encodes as ada does.
+`vocab_size` is 1 + the largest id; check it against a model with `ada.models.hf_config.check_vocab`.
 
 `train_sentencepiece` trains a tiny deterministic model for the synthetic tasks: digits are
 single pieces and arithmetic symbols are always their own pieces, so a model sees "123" as
@@ -31,8 +28,6 @@ from __future__ import annotations
 import abc
 import io
 import json
-import os
-import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,20 +38,6 @@ import numpy as np
 SP_PAD_ID, SP_BOS_ID, SP_EOS_ID, SP_UNK_ID = 0, 1, 2, 3
 # Always single pieces in trained models (arithmetic and countdown expressions, decimals).
 ARITHMETIC_SYMBOLS = ("+", "-", "*", "/", "=", "(", ")", "^", "%", ".", ",", "<", ">")
-# The files of a Hugging Face directory that describe its tokenizer (never weights or config.json).
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
-    "generation_config.json", "tokenization_ada.py",
-)
-# Written beside a tokenizer_config.json that ada writes itself; see export_tokenizer.
-_TOKENIZER_MODULE = '''"""Written by ada: {base} under a name auto_map can point to."""
-from transformers import {base}
-
-
-class AdaTokenizer({base}):
-    pass
-'''
 
 
 class Tokenizer(abc.ABC):
@@ -235,6 +216,8 @@ def _resolve_specials(
 class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece `.model` file. Control pieces (pad/bos/eos) count as special."""
 
+    unk_id: int  # the id of unknown text (ada.export names its piece in tokenizer_config.json)
+
     def __init__(self, model_file: str | Path, config_dir: Path | None = None, **overrides):
         import sentencepiece as spm
 
@@ -249,7 +232,7 @@ class SentencePieceTokenizer(Tokenizer):
             ) from e
         sp = self._sp
         self.vocab_size = sp.get_piece_size()
-        self._unk = sp.unk_id()
+        self.unk_id = sp.unk_id()
         self.special_ids = frozenset(i for i in range(self.vocab_size) if sp.is_control(i))
 
         def opt(i: int) -> int | None:
@@ -286,7 +269,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     def token_to_id(self, piece: str) -> int | None:
         i = self._sp.piece_to_id(piece)
-        if i == self._unk and piece != self._sp.id_to_piece(self._unk):
+        if i == self.unk_id and piece != self._sp.id_to_piece(self.unk_id):
             return None
         return i
 
@@ -382,77 +365,6 @@ def load_tokenizer(path: str | Path, **overrides: str | None) -> Tokenizer:
         "tokenizer.model (SentencePiece); pass the path of a .model file directly if it has "
         "another name"
     )
-
-
-# -- export to a Hugging Face directory -------------------------------------------------------
-
-
-def export_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike) -> list[str]:
-    """Write `tokenizer` into the HF model directory `out_dir` (beside save_hf's weights) so
-    that `transformers.AutoTokenizer.from_pretrained(out_dir)` loads it and encodes every text to
-    ada's ids (add_special_tokens=True matching add_special=True).
-
-    tokenizer.json: copied with the tokenizer files beside it (TOKENIZER_FILES: tokenizer_config.json
-    and its chat template, special_tokens_map.json, chat_template.jinja, generation_config.json...).
-    SentencePiece: tokenizer.model with a tokenizer_config.json naming transformers'
-    SentencePieceBackend, which encodes with the same sentencepiece call as ada (a converted
-    tokenizer.json re-implements SentencePiece's BPE, with no guarantee of equal ids);
-    split_special_tokens keeps a "<s>" typed in the text as text, as ada does.
-    A missing tokenizer_config.json / generation_config.json is written from ada's bos/eos/pad
-    ids and chat template. Such a config also carries an auto_map to tokenization_ada.py: without
-    one, transformers 5 swaps tokenizer_class for the model type's own class on some types (a
-    qwen2 config.json gets Qwen2Tokenizer, which re-tokenizes with Qwen's byte-level rules).
-    Tokenizer files of an earlier export that this one does not write are removed (they could
-    shadow it). Returns the written file names.
-    """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    beside = lambda names: {n: tokenizer.config_dir / n for n in names
-                            if tokenizer.config_dir and (tokenizer.config_dir / n).is_file()}
-    if isinstance(tokenizer, HFTokenizer):
-        sources = beside(TOKENIZER_FILES) | {"tokenizer.json": Path(tokenizer.path)}
-        config: dict[str, Any] = {"tokenizer_class": "TokenizersBackend"}
-    elif isinstance(tokenizer, SentencePieceTokenizer):
-        # A tokenizer_config.json beside the model names a class that converts the model (e.g.
-        # LlamaTokenizer) and encodes differently, so only generation_config.json is taken.
-        sources = beside(["generation_config.json"]) | {"tokenizer.model": Path(tokenizer.path)}
-        config = {
-            "tokenizer_class": "SentencePieceBackend", "legacy": True,
-            "split_special_tokens": True, "unk_token": tokenizer.id_to_piece(tokenizer._unk),
-            "special_tokens_pattern": "none" if tokenizer.bos_id is None else "bos",
-        }
-    else:
-        raise TypeError(f"cannot export a {type(tokenizer).__name__}; expected an ada tokenizer")
-
-    for name, src in sources.items():
-        dst = out / name
-        if not (dst.exists() and os.path.samefile(src, dst)):
-            shutil.copyfile(src, dst)
-    written = list(sources)
-    piece = lambda i: None if i is None else tokenizer.id_to_piece(i)
-    if "tokenizer_config.json" not in sources:
-        config.update(bos_token=piece(tokenizer.bos_id), eos_token=piece(tokenizer.eos_id),
-                      pad_token=piece(tokenizer.pad_id))
-        if tokenizer.chat_template is not None:
-            config["chat_template"] = tokenizer.chat_template
-        # With auto_map set AutoTokenizer loads tokenizer_class as named, or under
-        # trust_remote_code=True its subclass in tokenization_ada.py.
-        ref = "tokenization_ada.AdaTokenizer"
-        fast = isinstance(tokenizer, HFTokenizer)
-        config["auto_map"] = {"AutoTokenizer": [None, ref] if fast else [ref, None]}
-        module = _TOKENIZER_MODULE.format(base=config["tokenizer_class"])
-        (out / "tokenization_ada.py").write_text(module)
-        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        written += ["tokenization_ada.py", "tokenizer_config.json"]
-    if "generation_config.json" not in sources:
-        eos = list(tokenizer.eos_ids)
-        gen_config = {"bos_token_id": tokenizer.bos_id, "pad_token_id": tokenizer.pad_id,
-                      "eos_token_id": eos[0] if len(eos) == 1 else eos}
-        (out / "generation_config.json").write_text(json.dumps(gen_config, indent=2))
-        written.append("generation_config.json")
-    for name in set(TOKENIZER_FILES) - set(written):
-        (out / name).unlink(missing_ok=True)
-    return written
 
 
 # -- training a tiny SentencePiece model ------------------------------------------------------

@@ -111,16 +111,6 @@ def test_running_sums_are_numerically_sane():
     assert abs(np.sqrt(max(raw_var, 0)) / np.std(xs, ddof=1) - 1) > 0.01  # they do fail
 
 
-def test_merge_of_halves_equals_whole():
-    rows = [[0.1, 0.9, 0.5, 1.0], [0.0, 0.0], [1.0, 0.3, 0.8], [0.7], [0.2, 0.2, 0.9]]
-    whole = host_pool(rows).stats
-    a = host_pool([r[: len(r) // 2] for r in rows]).stats
-    b = host_pool([r[len(r) // 2:] for r in rows]).stats
-    m = a.merge(b)
-    np.testing.assert_array_equal(m.pos, whole.pos)
-    np.testing.assert_allclose(m.mean_std()[1], whole.mean_std()[1], atol=1e-12)
-
-
 def test_bad_stats_from_names_the_option():
     with pytest.raises(ValueError, match="stats_from"):
         advantages(jnp.zeros((1, 2)), stats_from="global")

@@ -1,4 +1,4 @@
-"""Checkpoints: round trip of every item, keep-last-k, half-written steps ignored, HF export."""
+"""Checkpoints: round trip of every item, keep-last-k, half-written steps ignored."""
 
 import os
 import shutil
@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from ada.checkpoint import Checkpointer, CheckpointWarning, export_hf, is_complete
+from ada.checkpoint import Checkpointer, CheckpointWarning, is_complete
 
 
 def _state(seed):
@@ -71,16 +71,3 @@ def test_restore_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         ck.restore(_state(0))
 
-
-def test_export_hf(tmp_path):
-    from ada.models import init_params, preset
-    from ada.models.hf import load_hf
-
-    cfg = preset("tiny", family="qwen2", vocab_size=64)
-    params = init_params(cfg, jax.random.key(0))
-    ck = Checkpointer(str(tmp_path / "ck"))
-    ck.save(5, {"params": params, "opt_state": optax.sgd(0.1).init(params)}, {})
-    export_hf(str(tmp_path / "ck"), str(tmp_path / "hf"), cfg)
-    loaded, cfg2 = load_hf(str(tmp_path / "hf"))
-    assert cfg2.vocab_size == 64 and cfg2.num_layers == cfg.num_layers
-    assert _equal(loaded, params)

@@ -33,25 +33,28 @@ def test_pass_at_k_closed_form_large_n():
 
 
 def test_summarize_and_evaluate():
-    correct = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], bool)
-    s = summarize(correct, pass_k=(1, 2, 4))
-    assert s["avg@4"] == pytest.approx(5 / 12)
+    correct = np.array([1, 4, 0])  # correct responses per prompt, of 4
+    s = summarize(correct, 4, pass_k=(1, 2, 4))
+    assert s["avg@4"] == pytest.approx(5 / 12) and s["accuracy"] == s["avg@4"]
     assert s["pass@1"] == pytest.approx(s["avg@4"])  # pass@1 is the mean accuracy
     assert s["pass@2"] == pytest.approx((0.5 + 1 + 0) / 3)
     assert s["pass@4"] == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="at least 8 samples"):
-        summarize(correct, pass_k=(8,))
+        summarize(correct, 4, pass_k=(8,))
 
-    records = [{"answer": "3"}, {"answer": "5"}]
+    records = [{"answer": "3", "difficulty": 1}, {"answer": "5", "difficulty": 2}]
+    asked = []
 
-    def generate(recs, samples):
-        return [[r["answer"] if j % 2 == 0 else "x" for j in range(samples)] for r in recs]
+    def sample(recs, k, first_id):
+        asked.append((len(recs), k, first_id))
+        return [[r["answer"] if j % 2 == 0 else "x" for j in range(k)] for r in recs]
 
     def reward(rec, text):
         if text == "x" and rec["answer"] == "5":
             raise RuntimeError("a bad reward must not stop the eval")
         return float(text == rec["answer"])
 
-    summary, corr = evaluate(records, generate, reward, samples=4, pass_k=(1, 2))
-    assert corr.tolist() == [[True, False, True, False]] * 2
-    assert summary["avg@4"] == 0.5 and summary["pass@2"] == pytest.approx(1 - 1 / 6)
+    summary = evaluate(records, sample, reward, samples=4, pass_k=(1, 2))
+    assert asked == [(2, 4, 0)]
+    assert summary["eval_avg@4"] == 0.5 and summary["eval_pass@2"] == pytest.approx(1 - 1 / 6)
+    assert summary["eval_accuracy_level1"] == summary["eval_accuracy_level2"] == 0.5

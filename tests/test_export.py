@@ -1,4 +1,4 @@
-"""HF export of a run's tokenizer (ada.tokenizer.export_tokenizer after save_hf): the directory
+"""HF export of a run's policy (ada.export.export_hf: save_hf, then export_tokenizer): the directory
 must load with transformers' AutoTokenizer and AutoModelForCausalLM, keep the chat template and
 special tokens, and encode every text to the ids ada's tokenizer gives."""
 
@@ -6,6 +6,8 @@ import json
 import random
 
 import jax
+import numpy as np
+import optax
 import pytest
 import torch
 import transformers
@@ -13,15 +15,19 @@ from test_tokenizer import arithmetic_texts, write_json
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as HFTok
 
+from ada.checkpoint import Checkpointer
+from ada.export import export_hf
 from ada.models import init_params, preset
-from ada.models.hf import save_hf
-from ada.tokenizer import export_tokenizer, load_tokenizer, train_sentencepiece
+from ada.models.hf import load_hf
+from ada.models.hf_config import CheckpointError
+from ada.tokenizer import load_tokenizer, train_sentencepiece
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+MODEL_FILES = ["config.json", "model.safetensors"]  # what save_hf writes for a tiny model
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>"]
 QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -64,10 +70,11 @@ def probe_texts():
 
 
 def export(tok, out, family):
-    """What the runner does with checkpoint.export_hf=true: save_hf, then export_tokenizer."""
+    """What the loop does with checkpoint.export_hf=true; returns the tokenizer's files."""
     config = preset("tiny", family=family, vocab_size=tok.vocab_size)
-    save_hf(init_params(config, jax.random.key(0)), config, out)
-    return export_tokenizer(tok, out)
+    written = export_hf(init_params(config, jax.random.key(0)), config, tok, out)
+    assert sorted(written[:2]) == MODEL_FILES
+    return written[2:]
 
 
 def check_loads_and_encodes(tok, out):
@@ -168,3 +175,23 @@ def test_export_sentencepiece(tmp_path, family):
     hf_tok = check_loads_and_encodes(tok, out)
     assert hf_tok.chat_template == (CHATML if family == "llama" else None)
     assert hf_tok.decode(tok.encode("12+345=357"), skip_special_tokens=True) == "12+345=357"
+
+
+def test_export_hf_from_checkpoint(tmp_path):
+    """A restored checkpoint exports through the same function; the weights come back unchanged
+    whatever else the checkpoint held, and a tokenizer too large for the embedding writes nothing."""
+    tok = train_sentencepiece(arithmetic_texts(400, seed=0), 96, tmp_path / "arith.model")
+    config = preset("tiny", family="qwen2", vocab_size=128)
+    params = init_params(config, jax.random.key(0))
+    ckpt = Checkpointer(str(tmp_path / "ck"))
+    ckpt.save(5, {"params": params, "opt_state": optax.sgd(0.1).init(params)}, {})
+    state, _ = ckpt.restore_params()
+    export_hf(state["params"], config, tok, tmp_path / "hf")
+    loaded, config2 = load_hf(tmp_path / "hf")
+    assert config2 == config.replace(dtype=config.param_dtype)
+    jax.tree.map(np.testing.assert_array_equal, loaded, params)
+    assert load_tokenizer(tmp_path / "hf").encode("12+345=357") == tok.encode("12+345=357")
+
+    with pytest.raises(CheckpointError, match="tokenizer has .* tokens but the model's embedding"):
+        export_hf(params, config.replace(vocab_size=tok.vocab_size - 1), tok, tmp_path / "small")
+    assert not (tmp_path / "small").exists()

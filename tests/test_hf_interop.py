@@ -23,15 +23,8 @@ from safetensors.numpy import load_file, save_file
 from tiny_hf import make_tiny_hf
 
 from ada.models import forward, positions_from_mask
-from ada.models.hf import (
-    CheckpointError,
-    check_vocab,
-    config_from_hf,
-    config_to_hf,
-    load_hf,
-    read_safetensors_header,
-    save_hf,
-)
+from ada.models.hf import load_hf, read_safetensors_header, save_hf
+from ada.models.hf_config import CheckpointError, check_vocab, config_from_hf, config_to_hf
 from ada.models.inspect import inspect_checkpoint
 from ada.models.inspect import main as inspect_main
 from ada.models.known import KNOWN
@@ -493,22 +486,11 @@ def test_save_rejects_mismatched_params(qwen2_dir, tmp_path):
         save_hf(params, config, tmp_path, dtype="int8")
 
 
-def test_save_copies_tokenizer_files(qwen2_dir, tmp_path):
+def test_save_merges_extra_config(qwen2_dir, tmp_path):
     params, config = load_hf(qwen2_dir[2])
-    tok_dir = tmp_path / "tok"
-    tok_dir.mkdir()
-    (tok_dir / "tokenizer.json").write_text('{"model": {}}')
-    (tok_dir / "tokenizer_config.json").write_text('{"eos_token": "<|endoftext|>"}')
-    (tok_dir / "unrelated.txt").write_text("x")
-    written = save_hf(params, config, tmp_path / "out", tokenizer_dir=tok_dir,
-                      extra_config={"eos_token_id": 7})
-    assert {"tokenizer.json", "tokenizer_config.json"} <= set(written)
-    assert (tmp_path / "out" / "tokenizer.json").read_text() == '{"model": {}}'
-    assert not (tmp_path / "out" / "unrelated.txt").exists()
+    written = save_hf(params, config, tmp_path / "out", extra_config={"eos_token_id": 7})
+    assert sorted(written) == ["config.json", "model.safetensors"]
     assert json.load(open(tmp_path / "out" / "config.json"))["eos_token_id"] == 7
-    with pytest.raises(CheckpointError, match="no tokenizer files"):
-        save_hf(params, config, tmp_path / "out2", tokenizer_dir=tmp_path / "out2")
-
 
 
 def test_load_places_leaves_with_given_shardings(qwen2_dir):

@@ -66,7 +66,8 @@ def test_end_to_end_and_exact_resume_after_sigkill(tmp_path, cache):
     rows_a = read_jsonl(str(tmp_path / "a" / "metrics.jsonl"))
     assert [r["step"] for r in rows_a] == list(range(STEPS + 1))
     for r in rows_a[1:]:
-        for k in ("reward_mean", "zero_variance_share", "samples_per_prompt", "grad_norm", "entropy"):
+        for k in ("reward_round0_mean", "reward_mean", "zero_variance_share", "samples_per_prompt",
+                  "grad_norm", "entropy"):
             assert r[k] is not None and np.isfinite(r[k]), (k, r)
         assert 0 <= r["zero_variance_share"] <= 1
         assert 1 <= r["samples_per_prompt"] <= 8  # M x N budget
@@ -148,3 +149,42 @@ def test_minibatch_row_order_puts_whole_prompts_in_each_minibatch():
     np.testing.assert_array_equal(minibatch_row_order(P, n, 1), np.arange(P * n))
     with pytest.raises(ValueError, match="mini_batches"):
         minibatch_row_order(6, n, 4)
+
+
+def test_kl_temperature_minibatches_and_hf_export_end_to_end(tmp_path, cache):
+    """optim.kl_coef > 0 trains against the initial policy (it used to crash inside the
+    jitted step: no reference log-probs were ever built), at sampling temperature 0.7 with
+    two mini-batches, and checkpoint.export_hf writes a directory transformers loads: the
+    model, and a tokenizer that encodes like ada's (it used to be a tokenizer.json copied
+    as tokenizer.model)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ada.loop import train
+    from ada.templates import encode_prompt
+
+    ov = [*tiny_overrides(cache), ("train.steps", "2"), ("eval.every", "0"),
+          ("optim.kl_coef", "0.1"), ("optim.kl_estimator", "k3"), ("optim.mini_batches", "2"),
+          ("sampling.temperature", "0.7"), ("checkpoint.export_hf", "true")]
+    cfg = C.build_config(DEFAULT, ov)
+    C.validate(cfg, str(tmp_path))
+    summary = train(cfg, str(tmp_path))
+    rows = read_jsonl(str(tmp_path / "metrics.jsonl"))[1:]
+    assert len(rows) == 2 and all(np.isfinite(r["kl"]) and r["kl"] >= 0 for r in rows)
+    assert rows[-1]["kl"] > 0  # the policy moved away from the frozen reference
+
+    out = summary["hf"]
+    from ada import setup
+
+    tok = setup.load_tokenizer_for(cfg, setup.load_task(cfg))
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.vocab_size == tok.vocab_size
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    ids = encode_prompt(tok, cfg.tokenizer.template, "What is 12 + 34?")
+    text = tok.decode(ids)
+    assert hf_tok(text, add_special_tokens=False)["input_ids"] == tok.encode(text)
+
+
+def test_kl_coef_below_zero_is_refused_before_any_compile(tmp_path):
+    cfg = C.build_config(DEFAULT, [("optim.kl_coef", "-0.1")])
+    with pytest.raises(C.ConfigError, match="optim.kl_coef"):
+        C.validate(cfg, str(tmp_path))

@@ -1,7 +1,7 @@
 """Tiny random Hugging Face models that match ada presets (a test helper, needs torch).
 
 The HF config is built with transformers' own config classes from the preset's numbers,
-not with `ada.models.hf.config_to_hf`, so a test that loads it checks ada's mapping against
+not with `ada.models.hf_config.config_to_hf`, so a test that loads it checks ada's mapping against
 what transformers really writes. Weights are deliberately non-trivial: normal(0, 0.1)
 matrices, norms 1 + normal(0, 0.1), biases normal(0, 0.1), so a swapped, untransposed or
 dropped tensor changes the logits.

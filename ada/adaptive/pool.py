@@ -47,15 +47,6 @@ class PoolStats:
         f = np.zeros((num_prompts,), np.float64)
         return cls(pos=z, neg=z.copy(), s1=f, s2=f.copy(), shift=float(shift))
 
-    def merge(self, other: PoolStats) -> PoolStats:
-        """Sum of two partial pools (e.g. the same prompts' responses on two hosts)."""
-        if other.shift != self.shift:
-            raise ValueError(f"cannot merge pools with shifts {self.shift} and {other.shift}")
-        return self.replace(
-            pos=self.pos + other.pos, neg=self.neg + other.neg,
-            s1=self.s1 + other.s1, s2=self.s2 + other.s2,
-        )
-
     def take(self, idx) -> PoolStats:
         return self.replace(pos=self.pos[idx], neg=self.neg[idx], s1=self.s1[idx], s2=self.s2[idx])
 

@@ -186,7 +186,8 @@ DEFAULT_MAX_NEW_TOKENS = 1024
 def load_policy(args) -> Policy:
     """--model HF_DIR (weights + tokenizer) or --workdir RUN_DIR (the run's checkpoint)."""
     if args.model:
-        from ada.models.hf import check_vocab, load_hf
+        from ada.models.hf import load_hf
+        from ada.models.hf_config import check_vocab
         from ada.tokenizer import load_tokenizer
 
         if not os.path.isdir(args.model):

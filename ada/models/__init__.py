@@ -18,14 +18,3 @@ __all__ = [
     "forward", "init_cache", "init_params", "param_shapes", "positions_from_mask",
     "decode_params",
 ]
-
-from ada.models.hf import (  # noqa: E402
-    CheckpointError,
-    check_vocab,
-    config_from_hf,
-    config_to_hf,
-    load_hf,
-    save_hf,
-)
-
-__all__ += ["CheckpointError", "check_vocab", "config_from_hf", "config_to_hf", "load_hf", "save_hf"]

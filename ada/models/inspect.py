@@ -15,14 +15,8 @@ import math
 import os
 import sys
 
-from ada.models.hf import (
-    CheckpointError,
-    config_from_hf,
-    read_config,
-    read_headers,
-    validate_tensors,
-    weight_files,
-)
+from ada.models.hf import read_headers, validate_tensors, weight_files
+from ada.models.hf_config import CheckpointError, config_from_hf, read_config
 
 _DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 

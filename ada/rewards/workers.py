@@ -79,11 +79,6 @@ class WorkerStats:
     restarts: int = 0
     busy_s: float = 0.0
 
-    @property
-    def tasks_per_s(self) -> float:
-        return self.tasks / self.busy_s if self.busy_s > 0 else 0.0
-
-
 def _default_context():
     methods = mp.get_all_start_methods()
     return mp.get_context("forkserver" if "forkserver" in methods else "spawn")

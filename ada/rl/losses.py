@@ -78,20 +78,6 @@ def denominators(mask_BxT: jax.Array, mode: str) -> dict[str, jax.Array]:
     return {"loss": jnp.maximum(loss, 1.0), "tokens": jnp.maximum(tokens, 1.0)}
 
 
-def aggregate(x_BxT, mask_BxT, mode: str, denominator=None) -> jax.Array:
-    """The `mode` aggregate of x over the masked tokens (denominator: see module doc)."""
-    if denominator is None:
-        denominator = denominators(mask_BxT, mode)["loss"]
-    return jnp.sum(agg_weights(mask_BxT, mode) * x_BxT) / denominator
-
-
-def masked_token_mean(x_BxT, mask_BxT, denominator=None) -> jax.Array:
-    mask = mask_BxT.astype(jnp.float32)
-    if denominator is None:
-        denominator = jnp.maximum(mask.sum(), 1.0)
-    return jnp.sum(mask * x_BxT) / denominator
-
-
 # ----------------------------------------------------------------------------- per-token terms
 
 
