@@ -325,6 +325,11 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     on_bad_row = d.get("on_bad_row", "raise")  # absent from runs older than the key
     need(on_bad_row in BAD_ROW_POLICIES,
          f"data.on_bad_row={on_bad_row!r} is not one of {BAD_ROW_POLICIES}")
+    if d.source == "tfds":
+        need(d.get("tfds_name"), "data.source=tfds needs a dataset: pass --config.data.tfds_name="
+                                 "NAME (prepared in data.tfds_data_dir) or its version folder")
+        need(d.get("tfds_split"), "data.source=tfds needs a training split: pass "
+                                  "--config.data.tfds_split=train")
     o = config.optim
     need(o.lr > 0, f"optim.lr={o.lr} must be > 0")
     need(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0")
@@ -350,6 +355,10 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     if "num_windows" in s:  # absent from the config.json of runs older than the key
         need(s.num_windows >= 1,
              f"sampling.num_windows={s.num_windows} must be >= 1 (1 = attend to the whole cache)")
+    if "mesh" in s:  # absent from the config.json of runs older than the key
+        need(len(s.mesh) == 2 and s.mesh[1] >= 1 and (s.mesh[0] >= 1 or s.mesh[0] == -1),
+             f"sampling.mesh={tuple(s.mesh)} must be (data, tensor) with tensor >= 1 and data "
+             ">= 1 or -1 (all of this process's devices)")
     e = config.eval
     need(e.samples >= 1, f"eval.samples={e.samples} must be >= 1")
     for k in e.pass_k:
@@ -358,7 +367,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     if problems:
         raise ConfigError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 
-    for key in ("model.path", "tokenizer.path", "data.train_path", "data.eval_path"):
+    for key in ("model.path", "tokenizer.path", "data.train_path", "data.eval_path",
+                "data.tfds_data_dir"):
         value = _get(config, key)
         if value and not str(value).startswith("gs://") and not os.path.exists(value):
             raise ConfigError(f"{key}={value!r} does not exist; fix the path or pass --config.{key}=''"

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ada import distributed, setup
+from ada import sharding as shd
 from ada.checkpoint import Checkpointer
 from ada.data.iterator import PromptIterator
 from ada.evaluate import evaluate
@@ -105,6 +106,7 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
         writer.write(0, {"warmstart_loss": s.warm_info.get("loss"),
                          "warmstart_cached": s.warm_info.get("cached"),
                          "dropped_prompts": s.dropped_prompts, "setup_s": setup_s, **first})
+        bar.update(first, n=0)  # the starting accuracy, shown until the next eval
 
     step, t_run = start, time.perf_counter()
     while step < c.train.steps:
@@ -131,7 +133,7 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
     summary = {"steps": step, "seconds": time.perf_counter() - t_run,
                "samples_total": counters["samples_total"], "method": c.method}
     if c.checkpoint.export_hf and step >= c.train.steps:
-        params = jax.device_get(s.rollout.local_params(state.params))  # every process joins
+        params = shd.gather_to_host(state.params)  # every process joins
         if main:
             summary["hf"] = os.path.join(workdir, "hf")
             export_hf(params, s.model_cfg, s.tokenizer, summary["hf"])

@@ -1,10 +1,12 @@
 """Sampling from the current policy: adaptive collection for training, plain k-per-prompt
 draws for evaluation, both through this process's engine.
 
-Generation is process-local: each process samples its own prompts on its own devices with
-no collective inside the round loop, so one process whose prompts exit in round 1 cannot
-hang another that needs four. The only cross-process step is bringing the trained params
-to the engine (`local_params`), once per collection.
+Generation is process-local: each process samples its own prompts on its own devices (the
+engine's mesh) with no collective inside the round loop, so one process whose prompts exit
+in round 1 cannot hang another that needs four. The only cross-process step is bringing
+the trained params to the engine, once per collection, when the Driver is made
+(`Engine.prepare_params`: device to device, in the sampler's dtype): every process must
+collect or sample, even with no prompts of its own.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 import jax
-from jax.experimental import multihost_utils
 
 from ada.adaptive.collect import CollectConfig, Collected, Collector
 from ada.sampling.driver import Completion, Driver, Request
@@ -23,26 +24,18 @@ from ada.sampling.engine import Engine
 class Rollout:
     """One engine, the tokenizer that decodes it, and how a training batch is collected."""
 
-    def __init__(self, engine: Engine, tokenizer, collect_cfg: CollectConfig, reward, *,
-                 train_mesh=None):
+    def __init__(self, engine: Engine, tokenizer, collect_cfg: CollectConfig, reward):
         self.engine = engine
         self.tokenizer = tokenizer
         self.collect_cfg = collect_cfg
         self.reward = reward
-        self.train_mesh = train_mesh
         self.process_index, self.process_count = jax.process_index(), jax.process_count()
 
-    def local_params(self, params):
-        """This process's full copy of the (possibly sharded) trained params."""
-        if self.train_mesh is None:
-            return params
-        return jax.tree.map(
-            lambda x: x.addressable_data(0) if x.is_fully_replicated
-            else jax.device_put(multihost_utils.process_allgather(x, tiled=True)), params)
-
     def driver(self, params, key) -> Driver:
+        """A Driver over this process's copy of the trained params (the Driver hands them
+        to the engine: `Engine.prepare_params`)."""
         # the engine folds raw uint32 keys
-        return Driver(self.engine, self.local_params(params), tokenizer=self.tokenizer,
+        return Driver(self.engine, params, tokenizer=self.tokenizer,
                       step_key=jax.random.key_data(key))
 
     def collect(self, params, prompts: Sequence[dict], key,

@@ -23,6 +23,7 @@ from ada.adaptive.collect import CollectConfig
 from ada.config import ConfigError
 from ada.data.sources import DataError, RecordFormat, load_records
 from ada.data.synthetic import make_dataset
+from ada.data.tfds_source import TfdsError, load_tfds  # imports TensorFlow only when called
 from ada.models import init_params, preset
 from ada.models.hf import load_hf
 from ada.models.hf_config import read_config
@@ -66,6 +67,7 @@ def load_reward(spec: str):
 
 def load_task(config) -> Task:
     d = config.data
+    on_bad_row = d.get("on_bad_row", "raise")
     if d.source in ("arithmetic", "countdown"):
         mix = parse_mix(d.difficulty)
         train, evals = (make_dataset(d.source, num, seed=d.task_seed, difficulty_mix=mix, split=split)
@@ -74,20 +76,41 @@ def load_task(config) -> Task:
             task = Task(train, evals, arithmetic_reward, lambda r: " " + r["answer"], d.source)
         else:
             task = Task(train, evals, countdown_reward, lambda r: " " + r["solution"], d.source)
-    elif d.source in ("jsonl", "parquet"):
+    elif d.source in ("jsonl", "parquet", "tfds"):
         fmt = RecordFormat(problem_key=d.problem_key, answer_key=d.answer_key)
-        on_bad_row = d.get("on_bad_row", "raise")
-        try:
-            train = load_records(d.train_path, fmt, on_bad_row=on_bad_row)
-            evals = load_records(d.eval_path, fmt, on_bad_row=on_bad_row) if d.eval_path else []
-        except DataError as e:
-            raise ConfigError(f"{e.problem}; fix the file or pass --config.data.on_bad_row=skip "
-                              "to skip such rows" if e.skippable else str(e)) from None
-        task = Task(train, evals[: d.num_eval or None], math_reward, None,
-                    os.path.basename(d.train_path))
+
+        def read(where: str, split_knob: str = "") -> list[dict]:
+            """One file's or TFDS split's records; a fault is one line naming the knob."""
+            try:
+                if d.source != "tfds":
+                    return load_records(where, fmt, on_bad_row=on_bad_row)
+                try:  # every process reads the whole split; the iterator takes its share
+                    return load_tfds(d.tfds_name, split=where, data_dir=d.tfds_data_dir or None,
+                                     fmt=fmt, on_bad_row=on_bad_row)
+                except ImportError as e:
+                    raise ConfigError(f"data.source=tfds: {e}") from None
+            except TfdsError as e:
+                fix = {"name_or_dir": "set --config.data.tfds_name to a prepared dataset's name "
+                                      "in --config.data.tfds_data_dir, or to its version folder",
+                       "split": f"set --config.data.{split_knob} to one of them"}.get(
+                    e.arg, f"set --config.data.{e.arg} to the feature that holds it")
+                raise ConfigError(f"{e.problem}; {fix}") from None
+            except DataError as e:
+                raise ConfigError(f"{e.problem}; fix the data or pass --config.data.on_bad_row="
+                                  "skip to skip such rows" if e.skippable else str(e)) from None
+
+        if d.source == "tfds":
+            train = read(d.tfds_split, "tfds_split")
+            evals = read(d.tfds_eval_split, "tfds_eval_split") if d.tfds_eval_split else []
+            name = os.path.basename(os.path.normpath(d.tfds_name))
+        else:
+            train = read(d.train_path)
+            evals = read(d.eval_path) if d.eval_path else []
+            name = os.path.basename(d.train_path)
+        task = Task(train, evals[: d.num_eval or None], math_reward, None, name)
     else:
         raise ConfigError(f"data.source={d.source!r} is not one of arithmetic, countdown, "
-                          "jsonl, parquet")
+                          "jsonl, parquet, tfds")
     if d.reward:
         task.reward = load_reward(d.reward)
     return task
@@ -166,6 +189,18 @@ def model_config_for(config, tokenizer: Tokenizer):
                   dtype=m.dtype, param_dtype=m.param_dtype, **overrides)
 
 
+def check_context_window(config, model_cfg) -> None:
+    """Prompt + response must fit the model's positions (RoPE was trained that far)."""
+    c = config
+    longest = c.data.max_prompt_len + max(c.sampling.max_new_tokens, c.eval.max_new_tokens)
+    if longest > model_cfg.max_position_embeddings:
+        raise ConfigError(
+            f"data.max_prompt_len + max_new_tokens = {c.data.max_prompt_len} + "
+            f"{longest - c.data.max_prompt_len} = {longest} is past the model's context window "
+            f"of {model_cfg.max_position_embeddings} positions; lower sampling.max_new_tokens "
+            "(or eval.max_new_tokens) or data.max_prompt_len")
+
+
 def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_records):
     """(params, warm-start info): a Hugging Face checkpoint, a random init, or a random init
     with the (cached) supervised warm start on the synthetic task."""
@@ -232,13 +267,22 @@ def collect_config(config) -> CollectConfig:
 
 def make_engine(config, model_cfg, tokenizer: Tokenizer, *, temperature: float,
                 max_new_tokens: int) -> Engine:
-    """A sampling engine on this process's first device: generation is process-local (its
-    default placement, jax.devices()[0], may belong to another process)."""
+    """A sampling engine on this process's devices (`sampling.mesh` = (data, tensor), laid
+    out by ada.sharding.local_mesh): generation is process-local."""
     s = config.sampling
     prompt_len = 1 << max(0, (config.data.max_prompt_len - 1).bit_length())
-    mesh = None
-    if jax.device_count() > 1:
-        mesh = shd.make_mesh((1, 1, 1), devices=jax.local_devices()[:1])
+    data, tensor = s.get("mesh", (1, 1))  # absent from runs older than the key: one device
+    n = jax.local_device_count()
+    if data == -1:
+        data = n // tensor
+    if data < 1 or n % (data * tensor):
+        raise ConfigError(f"sampling.mesh={tuple(s.mesh)} does not divide this process's {n} "
+                          f"devices; choose (data, tensor) whose product divides {n} "
+                          "(data=-1: all of them)")
+    if s.num_slots % data:
+        raise ConfigError(f"sampling.num_slots={s.num_slots} does not split over sampling.mesh "
+                          f"data={data}; use a multiple of {data}")
+    mesh = shd.local_mesh(data, tensor) if jax.device_count() > 1 else None
     return Engine(model_cfg, num_slots=s.num_slots, max_prompt_len=prompt_len,
                   max_new_tokens=max_new_tokens,
                   sampling=SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p),
@@ -288,6 +332,7 @@ def build(config, *, initial: bool = True) -> Setup:
         log.warning(too_long_message("held-out prompts", len(task.eval), eval_too_long, max_len,
                                      "--config.data.max_prompt_len"))
     model_cfg = model_config_for(c, tokenizer)
+    check_context_window(c, model_cfg)
     params, warm_info = (initial_params(c, model_cfg, tokenizer, task, train_records)
                          if initial else (None, {}))
     mesh = make_mesh(c)
@@ -296,7 +341,7 @@ def build(config, *, initial: bool = True) -> Setup:
     def rollout(temperature, max_new_tokens):
         engine = make_engine(c, model_cfg, tokenizer, temperature=temperature,
                              max_new_tokens=max_new_tokens)
-        return Rollout(engine, tokenizer, collect_config(c), task.reward, train_mesh=mesh)
+        return Rollout(engine, tokenizer, collect_config(c), task.reward)
 
     train_rollout = rollout(s.temperature, s.max_new_tokens)
     eval_new = e.max_new_tokens or s.max_new_tokens

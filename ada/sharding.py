@@ -15,8 +15,11 @@ The mesh has three named axes:
 
 The batch's leading axis is split over data x fsdp. A dimension whose size does not divide
 its mesh axes is replicated on that dimension (e.g. 2 KV heads on tensor=4 would not split
-evenly) rather than padded. The sampling engine and the runner use the same tables, so a
-parameter never moves between the two.
+evenly) rather than padded.
+
+The sampling engine reads the same tables on its own mesh (`local_mesh`: this process's
+devices, fsdp 1, so weights split only over tensor), in decode form (a list of layers: a
+rule's "layers" axis is indexed away). The trained params reach it through `replica_mesh`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -92,6 +96,37 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
+def local_mesh(data: int, tensor: int) -> Mesh:
+    """The sampler's (data, 1, tensor) mesh over this process's first data*tensor devices
+    in id order, the order `replica_mesh` groups every process's devices in."""
+    return make_mesh((data, 1, tensor), _by_id(jax.local_devices())[:data * tensor])
+
+
+def replica_mesh(mesh: Mesh, devices: Sequence[jax.Device]) -> Mesh | None:
+    """`devices` (a train mesh's, over every process) as disjoint copies of `mesh`'s grid on
+    a leading "replica" axis, each process's devices grouped in id order so that `mesh` (a
+    `local_mesh`) is one of the copies; None when they do not split so.
+
+    The rules give the same specs on both meshes and never name "replica", so an array laid
+    out on this one holds a full copy on every replica, arranged like on `mesh`: a process
+    takes its copy from its own shards, with no host round trip.
+    """
+    size = mesh.devices.size
+    groups = []
+    for p in sorted({d.process_index for d in devices}):
+        own = _by_id(d for d in devices if d.process_index == p)
+        groups += [own[i:i + size] for i in range(0, len(own), size)]
+    if any(len(g) != size for g in groups) or list(mesh.devices.flat) not in groups:
+        return None
+    grid = np.asarray(groups, dtype=object).reshape((len(groups),) + mesh.devices.shape)
+    return Mesh(grid, ("replica",) + tuple(mesh.axis_names),
+                axis_types=(AxisType.Auto,) * (1 + len(mesh.axis_names)))
+
+
+def _by_id(devices) -> list[jax.Device]:
+    return sorted(devices, key=lambda d: d.id)
+
+
 def batch_shards(mesh: Mesh) -> int:
     """How many ways the batch's leading axis is split."""
     return math.prod(mesh.shape[a] for a in BATCH_AXES)
@@ -128,6 +163,8 @@ def logical_axes(params_or_shapes: Any) -> Any:
                 "PARAM_RULES in ada/sharding.py"
             )
         axes = PARAM_RULES[name]
+        if axes[0] == "layers" and any(isinstance(k, jax.tree_util.SequenceKey) for k in path):
+            axes = axes[1:]  # one layer of the decode form (ada.models.decode_params)
         ndim = len(_shape(leaf))
         if len(axes) != ndim:
             raise ValueError(
@@ -198,6 +235,13 @@ def state_shardings(tree: Any, params_shardings: Any, params: Any, mesh: Mesh) -
         return replicated
 
     return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_shape)
+
+
+def gather_to_host(tree: Any) -> Any:
+    """A full numpy copy of every array on every process (the HF export's float32 params).
+    Arrays sharded across processes are all-gathered: every process must call it."""
+    return jax.tree.map(lambda x: np.asarray(
+        x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)), tree)
 
 
 # ----------------------------------------------------------------------------- batch

@@ -36,10 +36,16 @@ def base() -> ml_collections.ConfigDict:
     c.tokenizer.vocab_size = 96  # synthetic tasks: size of the SentencePiece trained on them
 
     c.data = ml_collections.ConfigDict()
-    c.data.source = "arithmetic"  # arithmetic | countdown | jsonl | parquet
+    c.data.source = "arithmetic"  # arithmetic | countdown | jsonl | parquet | tfds
     c.data.train_path = ""  # for jsonl / parquet
     c.data.eval_path = ""
-    c.data.problem_key = "problem"
+    # tfds: a prepared dataset's name (looked up in tfds_data_dir) or its version folder;
+    # nothing is downloaded. Needs the extra: pip install 'ada[tfds]'.
+    c.data.tfds_name = ""
+    c.data.tfds_data_dir = ""  # '' -> TFDS's default (~/tensorflow_datasets)
+    c.data.tfds_split = "train"  # a split name, optionally sliced: train[:90%]
+    c.data.tfds_eval_split = ""  # '' -> no held-out prompts
+    c.data.problem_key = "problem"  # the column (TFDS: feature) holding the problem
     c.data.answer_key = "answer"
     c.data.reward = ""  # 'package.module:function' to replace the task's reward
     c.data.num_train = 4096  # synthetic tasks: size of the generated splits
@@ -49,7 +55,7 @@ def base() -> ml_collections.ConfigDict:
     c.data.prompts_per_step = 8
     c.data.max_prompt_len = 32
     c.data.shuffle = True
-    c.data.on_bad_row = "raise"  # jsonl / parquet: raise | skip (count and log) a malformed row
+    c.data.on_bad_row = "raise"  # jsonl / parquet / tfds: raise | skip (count, log) a bad row
 
     c.adaptive = ml_collections.ConfigDict()
     c.adaptive.n = 4  # responses kept per prompt
@@ -76,6 +82,9 @@ def base() -> ml_collections.ConfigDict:
     # sample).
     c.sampling.slot_bucketing = True
     c.sampling.max_prefill_rows = 8
+    # The sampler's (data, tensor) mesh over this process's devices: slots split over data,
+    # heads / MLP / vocabulary over tensor. data=-1: local device count // tensor.
+    c.sampling.mesh = (-1, 1)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.lr = 1e-6
@@ -154,7 +163,8 @@ def paper(model_path: str, family: str, template: str, method: str | None) -> ml
     c.adaptive.positive_threshold = 0.7  # the official implementation's default
     c.sampling.temperature = 1.0
     c.sampling.top_p = 1.0
-    c.sampling.max_new_tokens = 4096
+    # The official setup: 1024 prompt + 2048 response tokens (Qwen2.5-Math's context is 4096).
+    c.sampling.max_new_tokens = 2048
     c.sampling.num_slots = 1024
     c.optim.lr = 1e-6
     c.optim.warmup_steps = 10

@@ -40,6 +40,7 @@ def get_config(arg=None):
     c.sampling.max_new_tokens = 8
     c.sampling.num_slots = 128
     c.sampling.chunk_size = 8
+    c.sampling.mesh = (1, 1)  # one device, as the train step (mesh.data below)
 
     c.optim.lr = 1e-4
     c.optim.warmup_steps = 5

@@ -109,3 +109,29 @@ def test_eval_missing_step_is_one_line(run_dir):
     assert r.returncode == 2 and _lines(r.stderr) == [
         f"error: --step 7: no complete checkpoint in {run_dir / 'checkpoints'} "
         "(complete steps: [])"], r.stderr
+
+
+def test_training_warns_when_many_prompts_are_too_long(tmp_path, caplog):
+    """Prompts longer than data.max_prompt_len are dropped; when that is more than a tenth
+    of the training set, the run says so and names the knob (it used to only log a count)."""
+    import logging
+
+    import numpy as np
+
+    from ada import config as C
+    from ada import setup
+
+    cfg = C.build_config(DEFAULT, [("warmstart.enabled", "false"), ("data.num_train", "64"),
+                                   ("data.difficulty", "1:1,3:1"),
+                                   ("warmstart.cache_dir", str(tmp_path / "cache"))])
+    task = setup.load_task(cfg)
+    tok = setup.load_tokenizer_for(cfg, task)
+    lengths = [len(r["prompt_tokens"]) for r in
+               setup.encode_records(task.train, tok, cfg.tokenizer.template, 10**6)[0]]
+    cfg.data.max_prompt_len = int(np.median(lengths))
+    with caplog.at_level(logging.WARNING, logger="ada.setup"):
+        s = setup.build(cfg, initial=False)
+    assert 0 < s.dropped_prompts < len(task.train)
+    msg = " ".join(r.getMessage() for r in caplog.records)
+    assert f"{s.dropped_prompts} of {len(task.train)} training prompts" in msg
+    assert "--config.data.max_prompt_len" in msg

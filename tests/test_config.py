@@ -184,3 +184,28 @@ def test_sweep_prints_one_validated_command_per_point(tmp_path, capsys):
     assert len(cmds) == 9  # 3 methods x 3 seeds
     assert all("--config.method=" in c and "--config.seed=" in c for c in cmds)
     assert len({c.split("--workdir ")[1] for c in cmds}) == 9
+
+
+def test_prompt_plus_response_past_the_context_window_is_one_line():
+    from ada import setup
+    from ada.models import preset
+
+    model_cfg = preset("tiny", vocab_size=96)  # 4096 positions, as Qwen2.5-Math
+    ok = C.build_config(DEFAULT, [("data.max_prompt_len", "1024"),
+                                  ("sampling.max_new_tokens", "2048")])
+    setup.check_context_window(ok, model_cfg)
+    bad = C.build_config(DEFAULT, [("data.max_prompt_len", "1024"),
+                                   ("sampling.max_new_tokens", "4096")])
+    with pytest.raises(C.ConfigError, match=r"1024 \+ 4096 = 5120 .* 4096 positions"):
+        setup.check_context_window(bad, model_cfg)
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_paper_configs_fit_their_models_context(name):
+    from ada import setup
+    from ada.models import known
+
+    cfg = C.load_config(os.path.join(ROOT, "configs", f"{name}.py"))
+    model_cfg = {"qwen25_math_1p5b": known.QWEN25_MATH_1_5B, "qwen25_math_7b": known.QWEN25_MATH_7B,
+                 "llama32_3b": known.LLAMA32_3B, "qwen3_4b": known.QWEN3_4B}[name]
+    setup.check_context_window(cfg, model_cfg)

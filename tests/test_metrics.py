@@ -81,13 +81,18 @@ def test_disabled_writer_writes_nothing(tmp_path):
     p.close()
 
 
-def test_progress_bar_shows_eta(capsys):
+def test_progress_bar_shows_eta_and_the_policys_accuracy(capsys):
+    """The bar leads with the first round's reward (the policy's accuracy) and held-out
+    accuracy; the kept-group reward (about 1/2 by construction under balance) is not shown."""
     p = Progress(4, enabled=True)
+    p.update({"eval_accuracy": 0.25}, n=0)  # the step-0 eval, before any step
     for s in range(4):
-        p.update({"reward_mean": 0.1 * s, "eval_accuracy": 0.5 if s == 2 else None})
+        p.update({"reward_round0_mean": 0.1 * s, "reward_mean": 0.5,
+                  "eval_accuracy": 0.5 if s == 2 else None})
     p.close()
     err = capsys.readouterr().err
-    assert "4/4" in err and "R=0.300" in err and "eval=0.500" in err
+    assert "4/4" in err and "acc=0.300" in err and "eval=0.500" in err
+    assert "R=" not in err
 
 
 def test_plot_panels_policy_accuracy_first_and_titled(tmp_path):

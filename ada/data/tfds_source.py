@@ -7,10 +7,14 @@ process i of n reads `split[i*m:(i+1)*m]` with m = num_examples // n, i.e. the s
 `tfds.even_splits(split, n, drop_remainder=True)`: disjoint, equal-sized (so every host
 runs the same number of steps), dropping the last `num_examples mod n` examples.
 Generated ids use the global example index, so they agree whatever the process count.
+
+A dataset, split or feature that cannot be used raises `TfdsError`, whose `arg` names the
+argument to change, so a command line can name its own knob instead.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -28,13 +32,23 @@ from ada.data.sources import (
 )
 
 
+class TfdsError(DataError):
+    """A dataset, split or feature that cannot be used. `problem` is the fault alone and
+    `arg` the load_tfds argument that fixes it: name_or_dir, split, problem_key or
+    answer_key."""
+
+    def __init__(self, problem: str, fix: str, arg: str):
+        super().__init__(f"{problem}; {fix}", problem=problem)
+        self.arg = arg
+
+
 def _import_tfds():
     try:
         import tensorflow_datasets as tfds
     except ImportError as e:
         raise ImportError(
-            "the TFDS source needs tensorflow-datasets (and tensorflow); install the extra "
-            "with `pip install 'ada[tfds]'`") from e
+            f"the TFDS source needs tensorflow-datasets and tensorflow ({e}); install the "
+            "extra with `pip install 'ada[tfds]'`") from e
     return tfds
 
 
@@ -44,19 +58,28 @@ def _builder(tfds, name_or_dir: str | os.PathLike, data_dir):
     if (p / "dataset_info.json").is_file():
         return tfds.builder_from_directory(p)
     if p.is_dir():
-        raise DataError(
-            f"{p} has no dataset_info.json; point at the version folder of a prepared TFDS "
-            "dataset (e.g. <data_dir>/<name>/<version>) or pass its name and data_dir")
+        raise TfdsError(f"{p} has no dataset_info.json",
+                        "point at the version folder of a prepared TFDS dataset (e.g. "
+                        "<data_dir>/<name>/<version>) or pass its name and data_dir",
+                        "name_or_dir")
+    # tfds logs a warning for each unprepared version folder; the error below says it once.
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
     try:
         builder = tfds.builder(str(name_or_dir), data_dir=data_dir)
     except Exception as e:  # unknown name, unreadable dir: tfds raises several types
-        raise DataError(
-            f"TFDS dataset {name_or_dir!r} not found in data_dir={data_dir!r} "
-            f"({type(e).__name__}: {e}); prepare it there first (no download is done)") from e
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""  # no list of all names
+        raise TfdsError(f"TFDS dataset {name_or_dir!r} not found in data_dir={data_dir!r} "
+                        f"({type(e).__name__}: {first})",
+                        "pass a prepared dataset's name and the data_dir that holds it, or "
+                        "its version folder (no download is done)", "name_or_dir") from e
+    finally:
+        absl.setLevel(level)
     if not builder.is_prepared():
-        raise DataError(
-            f"TFDS dataset {name_or_dir!r} is not prepared in {builder.data_dir}; prepare "
-            "it there first (e.g. `tfds build`); this source never downloads")
+        raise TfdsError(f"TFDS dataset {name_or_dir!r} is not prepared in {builder.data_dir}",
+                        "prepare it there first (e.g. `tfds build`) or pass the data_dir that "
+                        "holds it; this source never downloads", "name_or_dir")
     return builder
 
 
@@ -111,20 +134,25 @@ def load_tfds(
     builder = _builder(tfds, name_or_dir, data_dir)
     base = split.split("[")[0]
     if base not in builder.info.splits:
-        raise DataError(f"TFDS dataset {builder.name!r} has no split {base!r}; "
-                        f"splits: {sorted(builder.info.splits)}")
+        raise TfdsError(f"TFDS dataset {builder.name!r} has no split {base!r} (splits: "
+                        f"{sorted(builder.info.splits)})", "pass one of them", "split")
     features = list(builder.info.features.keys())
     for key, what in ((fmt.problem_key, "problem"), (fmt.answer_key, "answer")):
         if key not in features:
-            raise DataError(
-                f"TFDS dataset {builder.name!r}: missing feature {key!r} (features: "
-                f"{features}); set RecordFormat({what}_key=...) to the feature that holds it")
+            raise TfdsError(f"TFDS dataset {builder.name!r}: missing feature {key!r} "
+                            f"(features: {features})",
+                            f"set RecordFormat({what}_key=...) to the feature that holds it",
+                            f"{what}_key")
     num = builder.info.splits[base].num_examples
     local_split, offset = process_split(split, num, process_index, process_count)
     source = fmt.source or builder.name
     where = f"TFDS {builder.name}:{local_split}"
     col = _RowCollector(where, on_bad_row, "example")
-    ds = builder.as_dataset(split=local_split, shuffle_files=False)
+    try:
+        ds = builder.as_dataset(split=local_split, shuffle_files=False)
+    except (ValueError, AssertionError) as e:  # a malformed slice such as train[a:b]
+        raise TfdsError(f"TFDS split {split!r} of {builder.name!r} cannot be read ({e})",
+                        "pass a split name, optionally sliced like train[:90%]", "split") from e
     for i, example in enumerate(tfds.as_numpy(ds)):
         gi = offset + i
         try:

@@ -81,8 +81,10 @@ class Driver:
 
     Args:
       engine: the Engine (sets slots, buckets, sampling, EOS ids).
-      params: model params; the driver keeps them as `engine.prepare_params` gives them
-        (placed on the engine's mesh, one buffer per layer).
+      params: model params, from wherever they lie; the driver keeps them as
+        `engine.prepare_params` gives them (on the engine's mesh, in the compute dtype, one
+        buffer per layer). Params already in that form are kept as they are, so one
+        prepared copy can serve several drivers.
       tokenizer: anything with `decode(ids) -> str`; None gives empty texts and disables
         stop strings.
       step_key: the PRNG key of this sampling step (or an int seed).

@@ -33,11 +33,13 @@ Decode cache layout (ada.models.KVCache): per layer, keys [B, K, Hd, S] and valu
 [B, K, S, Hd], with S = largest prompt bucket + max_new_tokens; a prompt of bucket P
 occupies positions [0, P) (left padded), generated tokens follow.
 
-Params: `Engine.prepare_params` places them on the mesh and puts them in decode form
-(ada.models.decode_params: one buffer per layer, a [D, V] unembedding when tied), once per
-set of weights; the decode step then reads each layer's weights where they lie. That is
-one more copy of the weights while sampling; the stacked form also works, slower on
-XLA:CPU.
+Params: `Engine.prepare_params` moves them from wherever they lie (the train mesh over
+every process, one device, the host) to the engine's mesh in the form sampling reads
+(`sampling_params`: the compute dtype, decode form, ada.models.decode_params: one buffer
+per layer, a [D, V] unembedding when tied), once per set of weights, in one jitted call;
+the decode step then reads each layer's weights where they lie. That is one more copy of
+the weights while sampling (half the master's bytes under bfloat16); the stacked form also
+works, slower on XLA:CPU.
 
 On CPU, `generate` is compiled with XLA:CPU's YNNPACK fusions off (`CPU_DECODE_OPTIONS`):
 for these skinny [slots, D] x [D, F] products and the decode attention reductions, XLA's
@@ -128,6 +130,14 @@ def request_key(step_key: jax.Array, prompt_id, sample_idx) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- pure functions
+
+
+def sampling_params(params, *, config: ModelConfig):
+    """The weights as sampling reads them: in the compute dtype (the forward casts every
+    weight to it anyway, so the numbers are the same and bfloat16 reads half the bytes of
+    a float32 master) and in decode form."""
+    return decode_params(jax.tree.map(lambda x: x.astype(config.compute_dtype), params),
+                         config)
 
 
 def prefill_fn(params, tokens_NxP, mask_NxP, *, config: ModelConfig) -> Prefix:
@@ -330,7 +340,9 @@ class Engine:
                               constrain=self._constrain if mesh is not None else None),
             static_argnames=("num_steps", "num_slots", "window"), donate_argnums=(1,),
             compiler_options=CPU_DECODE_OPTIONS if on_cpu else None)
-        self._decode_params = jax.jit(functools.partial(decode_params, config=config))
+        self._sampling_fn = functools.partial(sampling_params, config=config)
+        self._sampling_params = jax.jit(self._sampling_fn)
+        self._handoffs: dict[Mesh, tuple[Any, Any]] = {}  # replica mesh -> (jit, shardings)
         self._request_key = jax.jit(request_key)
 
     # -- sharding ------------------------------------------------------------
@@ -359,23 +371,44 @@ class Engine:
     def _constrain(self, state: DecodeState) -> DecodeState:
         return jax.lax.with_sharding_constraint(state, self.state_shardings())
 
-    def shard_params(self, params, shardings: Any = None):
-        """Place params on the mesh with `shardings` (default: ada.sharding's rules)."""
-        if self.mesh is None:
-            return params
-        if shardings is None:
-            from ada import sharding
+    def param_shardings(self, params, mesh: Mesh | None = None) -> Any:
+        """NamedShardings of `params` in sampling form on `mesh` (default: the engine's),
+        from ada.sharding's tables: heads, MLP width and vocabulary over tensor."""
+        from ada import sharding
 
-            shardings = sharding.param_shardings(params, self.mesh)
-        return jax.device_put(params, shardings)
+        return sharding.param_shardings(jax.eval_shape(self._sampling_fn, params),
+                                        mesh or self.mesh)
 
     def prepare_params(self, params):
-        """Params in the form decoding reads fastest: placed on the mesh (`shard_params`;
-        no copy when already there), then `ada.models.decode_params` (module docstring).
-        A copy of the weights; call once per set of weights. Idempotent."""
+        """The params in sampling form (`sampling_params`) on the engine's mesh: one jitted
+        cast + reshard + split, once per set of weights. Params sharded over copies of the
+        engine's mesh (`ada.sharding.replica_mesh`: the train mesh, over every process)
+        come out as a full copy on every copy, and this process assembles its own from its
+        shards: device to device, no host round trip, nothing cross-process afterwards.
+        Others (one device, the host) are cast and split where they lie, then placed.
+        Params already in decode form are taken as they are."""
         if in_decode_form(params, self.config):
             return params
-        return self._decode_params(self.shard_params(params))
+        if self.mesh is None:
+            return self._sampling_params(params)
+        source = getattr(jax.tree.leaves(params)[0], "sharding", None)
+        view = None
+        if isinstance(source, NamedSharding):
+            from ada import sharding
+
+            view = sharding.replica_mesh(self.mesh, source.mesh.devices.flat)
+        if view is None:
+            return jax.device_put(self._sampling_params(params), self.param_shardings(params))
+        if view not in self._handoffs:
+            self._handoffs[view] = (
+                jax.jit(self._sampling_fn, out_shardings=self.param_shardings(params, view)),
+                self.param_shardings(params))
+        handoff, shardings = self._handoffs[view]
+        mine = set(self.mesh.devices.flat)
+        return jax.tree.map(
+            lambda x, sh: jax.make_array_from_single_device_arrays(
+                x.shape, sh, [s.data for s in x.addressable_shards if s.device in mine]),
+            handoff(params), shardings)
 
     # -- the contract --------------------------------------------------------
 

@@ -1,0 +1,257 @@
+"""`ada-serve` / `python -m ada.serve`: a trained run's policy, or a Hugging Face model,
+behind JetStream's gRPC server (optional extra: `pip install 'ada[jetstream]'`).
+
+    ada-serve --workdir runs/default --port 9000          # the run's latest checkpoint
+    ada-serve --workdir runs/q7b --step 300 --port 9000
+    ada-serve --model /models/Qwen2.5-Math-1.5B --template qwen25_math --port 9000
+
+A text request is a problem: it is rendered with the run's prompt template and encoded by
+the run's tokenizer, as training prompts were. A token request is prefilled as given and
+answered with token ids. Decoding is greedy unless --temperature is set, on the engine ada
+samples with (this host's first device) through `ada.sampling.jetstream_adapter`.
+Bad input (no run or model, no checkpoint at --step, a port in use, the extra missing) ends
+the command with one line `error: ...` and exit code 2 before any weight is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ada import config as cfglib
+from ada.cli import DEFAULT_CONFIG, _fail
+from ada.config import ConfigError
+
+EXAMPLE_PROBLEM = "What is 12 + 34?"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ada-serve", description="Serve a run's checkpoint or a Hugging Face model with "
+                                      "JetStream's gRPC server (pip install 'ada[jetstream]').")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--workdir", help="a run directory (its config.json and checkpoints/)")
+    what.add_argument("--model", help="a Hugging Face model directory instead of a run")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--config", default="", help="config for --model (default configs/default.py)")
+    p.add_argument("--template", default="",
+                   help="prompt template for text requests (default: the run's / config's)")
+    p.add_argument("--port", type=int, default=9000)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default loopback; 0.0.0.0 or [::] serves the network)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    p.add_argument("--max_new_tokens", type=int, default=None,
+                   help="cap on any request's new tokens (default: the run's sampling.max_new_tokens)")
+    p.add_argument("--max_prompt_len", type=int, default=None,
+                   help="longest prompt in tokens (default: the run's data.max_prompt_len); longer "
+                        "prompts keep their last tokens")
+    p.add_argument("--num_slots", type=int, default=16, help="requests decoded at once")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    return p
+
+
+class ServedTokenizer:
+    """The run's tokenizer as JetStream uses it. A text is a problem rendered with the run's
+    template, which adds BOS where the model wants one, so bos_id is None (ada's adapter
+    then masks the BOS JetStream prepends). JetStream decodes one token at a time; decoding
+    it after an anchor token keeps its leading space, which SentencePiece drops at the start
+    of a text. Ids past the tokenizer (a padded embedding) are no text, as in the Driver."""
+
+    bos_id = None
+
+    def __init__(self, tokenizer, template: str):
+        self.tokenizer, self.template = tokenizer, template
+        self.eos_ids, self.pad_id = tokenizer.eos_ids, tokenizer.pad_id
+        self.vocab_size = tokenizer.vocab_size
+        self._anchor = next((i for i in range(self.vocab_size) if i not in tokenizer.special_ids
+                             and _is_char(tokenizer.decode([i]))), None)
+        self._skip = len(tokenizer.decode([self._anchor])) if self._anchor is not None else 0
+
+    def encode(self, text: str) -> list[int]:
+        from ada.templates import encode_prompt
+
+        return encode_prompt(self.tokenizer, self.template, text)
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids if 0 <= i < self.vocab_size]
+        if self._anchor is None:
+            return self.tokenizer.decode(ids)
+        return self.tokenizer.decode([self._anchor, *ids])[self._skip:]
+
+
+def _is_char(text: str) -> bool:
+    return len(text) == 1 and text.isalnum()
+
+
+@dataclasses.dataclass
+class Policy:
+    engine: Any  # ada.sampling.engine.Engine
+    params: Any
+    tokenizer: ServedTokenizer
+    label: str  # what is served, for the banner
+
+
+def resolve(args) -> tuple[Any, str, int | None]:
+    """(config, label, checkpoint step or None): every check on the command line's paths,
+    before any weight is read."""
+    if args.workdir:
+        wd = args.workdir
+        if not os.path.isfile(os.path.join(wd, "config.json")):
+            raise ConfigError(f"--workdir {wd} is not a run directory (no config.json); train one "
+                              f"with python -m ada.runner --workdir {wd}, or pass --model HF_DIR")
+        config = cfglib.load_run_config(wd)
+        ckdir = os.path.join(wd, "checkpoints")
+        steps = []
+        if os.path.isdir(ckdir):
+            from ada.checkpoint import Checkpointer
+
+            steps = Checkpointer(ckdir).all_steps()
+        if args.step is not None and args.step not in steps:
+            raise ConfigError(f"--step {args.step}: no complete checkpoint in {ckdir} (complete "
+                              f"steps: {steps}); pass one of them or leave --step out for the latest")
+        if not steps:
+            raise ConfigError(f"{ckdir} holds no complete checkpoint yet; wait for the first "
+                              f"(every checkpoint.every={config.checkpoint.every} steps) or "
+                              "pass --model HF_DIR")
+        step = steps[-1] if args.step is None else args.step
+        return config, f"{wd} step {step}", step
+    if not args.model:
+        raise ConfigError("nothing to serve; pass --workdir RUN_DIR or --model HF_DIR")
+    if args.step is not None:
+        raise ConfigError("--step needs --workdir (a run's checkpoint); an HF model has none")
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        raise ConfigError(f"--model {args.model} is not a Hugging Face model directory (no "
+                          "config.json); pass the folder with config.json, the weights and the "
+                          "tokenizer files")
+    config = cfglib.load_config(args.config or DEFAULT_CONFIG)
+    config.model.path = args.model
+    return config, args.model, None
+
+
+def check_port(host: str, port: int) -> None:
+    """Bind the port once, without SO_REUSEPORT (gRPC sets it, and would then share a port
+    another server holds), so a port in use is refused now rather than after loading."""
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port {port} is not a TCP port; pass one in 1..65535")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}); the port is in use "
+                          "or the address is not this host's: pass another --port or --host") from None
+
+
+def load_policy(args, config, label: str, step: int | None) -> Policy:
+    """The engine, weights and tokenizer to serve (`resolve(args)` gives config, label and
+    step), built as the run samples."""
+    from ada import setup
+    from ada.templates import get_template
+
+    template = args.template or config.tokenizer.template
+    try:
+        get_template(template)
+    except ValueError as e:
+        raise ConfigError(f"--template: {e}") from None
+    for name in ("num_slots", "max_new_tokens", "max_prompt_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name} {value} must be >= 1")
+    if args.temperature < 0:
+        raise ConfigError(f"--temperature {args.temperature} must be >= 0 (0: greedy)")
+    config.sampling.num_slots = args.num_slots
+    max_new = args.max_new_tokens or config.sampling.max_new_tokens
+    # One more position for the BOS JetStream prepends (masked out); its buckets start at 16.
+    config.data.max_prompt_len = max(16, (args.max_prompt_len or config.data.max_prompt_len) + 1)
+    try:
+        paths = config.tokenizer.path or config.model.path
+        tokenizer = setup.load_tokenizer_for(config, None if paths else setup.load_task(config))
+        model_cfg = setup.model_config_for(config, tokenizer)
+        engine = setup.make_engine(config, model_cfg, tokenizer, temperature=args.temperature,
+                                   max_new_tokens=max_new)
+    except (ValueError, OSError) as e:  # ConfigError included: an unreadable tokenizer or model
+        raise ConfigError(str(e).splitlines()[0]) from None
+    if step is not None:
+        from ada.checkpoint import Checkpointer
+
+        params = Checkpointer(os.path.join(args.workdir, "checkpoints")).restore_params(step)[0]["params"]
+    else:
+        from ada.models.hf import load_hf
+
+        params = load_hf(config.model.path, dtype=config.model.dtype,
+                         param_dtype=config.model.param_dtype)[0]
+    return Policy(engine, params, ServedTokenizer(tokenizer, template),
+                  f"{label} (template {template!r})")
+
+
+def serve(policy: Policy, host: str, port: int, seed: int = 0):
+    """Start JetStream's gRPC server (`server_lib.run`) on `policy`; returns the server."""
+    # The adapter first: it undoes the DEBUG logging JetStream's orchestrator turns on.
+    from ada.sampling.jetstream_adapter import JetStreamEngine  # isort: skip
+    from jetstream.core import config_lib, server_lib  # isort: skip
+
+    class Engine(JetStreamEngine):
+        def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int):
+            """JetStream keeps the last T tokens of a longer prompt but reports its full
+            length; clamp it, since a raise here would end the server."""
+            return super().prefill(params=params, existing_prefix=existing_prefix,
+                                   padded_tokens=padded_tokens,
+                                   true_length=min(int(true_length), padded_tokens.shape[-1]))
+
+    jet = Engine(policy.engine, policy.params, policy.tokenizer, step_key=seed)
+    device = jet.mesh.devices.flat[0]
+    server_config = config_lib.ServerConfig(interleaved_slices=(f"{device.platform}=1",),
+                                            interleaved_engine_create_fns=(lambda _: jet,))
+    server_lib._HOST = host  # server_lib.run binds every interface ([::]) otherwise
+    return server_lib.run(port=port, config=server_config, devices=[device])
+
+
+def client_example(host: str, port: int, text: str = EXAMPLE_PROBLEM, max_tokens: int = 16) -> str:
+    """A one-line Python command that sends `text` to the server and prints the answer."""
+    target = "127.0.0.1" if host.strip("[]") in ("0.0.0.0", "::", "") else host
+    return ("python -c \"import grpc; from jetstream.core.proto import jetstream_pb2 as pb, "
+            "jetstream_pb2_grpc as rpc; "
+            f"stub = rpc.OrchestratorStub(grpc.insecure_channel('{target}:{port}')); "
+            f"req = pb.DecodeRequest(text_content=pb.DecodeRequest.TextContent(text='{text}'), "
+            f"max_tokens={max_tokens}); "
+            "print(''.join(s.text for r in stub.Decode(req, wait_for_ready=True, timeout=300) "
+            "for s in r.stream_content.samples))\"")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if importlib.util.find_spec("jetstream") is None:
+            raise ConfigError("ada-serve needs JetStream (google-jetstream), which is not "
+                              "installed; install the extra: pip install 'ada[jetstream]'")
+        resolved = resolve(args)
+        check_port(args.host, args.port)
+        policy = load_policy(args, *resolved)
+    except ConfigError as e:
+        return _fail(e)
+    server = serve(policy, args.host, args.port, args.seed)
+    print(f"ada-serve: {policy.label} on {args.host}:{args.port} (JetStream gRPC, "
+          f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}'}, at most "
+          f"{policy.engine.max_new_tokens} new tokens); Ctrl-C stops it", flush=True)
+    print(f"client: {client_example(args.host, args.port)}", flush=True)
+    stop = threading.Event()  # a handler that only sets it cannot interrupt JetStream midway
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+    print("ada-serve: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
