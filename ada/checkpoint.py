@@ -103,6 +103,17 @@ class Checkpointer:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
+    def pick_step(self, step: int | None) -> int | None:
+        """`step` if it is a complete checkpoint, the latest when None (None if there is
+        none); FileNotFoundError naming the complete steps otherwise (a CLI's --step)."""
+        steps = self.all_steps()
+        if step is None:
+            return steps[-1] if steps else None
+        if step not in steps:
+            raise FileNotFoundError(f"--step {step}: no complete checkpoint in {self.directory} "
+                                    f"(complete steps: {steps})")
+        return step
+
     # -------------------------------------------------------------------- save / restore
 
     def save(self, step: int, state: Any, meta: dict) -> str:

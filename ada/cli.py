@@ -177,11 +177,7 @@ def evaluate_run(args) -> dict:
     step, ckpt = None, None
     if args.workdir:
         ckpt = Checkpointer(os.path.join(args.workdir, "checkpoints"))
-        steps = ckpt.all_steps()
-        if args.step is not None and args.step not in steps:
-            raise ConfigError(f"--step {args.step}: no complete checkpoint in {ckpt.directory} "
-                              f"(complete steps: {steps})")
-        step = args.step if args.step is not None else (steps[-1] if steps else None)
+        step = ckpt.pick_step(args.step)
     s = setup.build(config, initial=step is None)
     if args.benchmark:  # a math benchmark, scored by the verifier, in the run's template
         s.task = dataclasses.replace(s.task, eval=benchmark_records(args.benchmark, config),

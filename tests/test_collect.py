@@ -19,6 +19,7 @@ from ada.adaptive.simulate import (
     SimulatedPolicy,
     prompt_stream,
     sim_reward,
+    simulated_generate,
 )
 from ada.methods import collect_config as method_config
 from ada.rl.advantages import advantages
@@ -186,15 +187,10 @@ def test_bad_rewards_score_zero_and_are_counted(prompts):
 def test_generate_callable_round_loop(prompts):
     """The plain generate(requests) path (no driver) gives the same batch as the driver."""
     pol = SimulatedPolicy(seed=6)
+    arrivals = simulated_generate(pol)
 
     def generate(reqs):
-        d = SimulatedDriver(pol, len(reqs))
-        for r in reqs:
-            d.submit(r)
-        out = []
-        while len(out) < len(reqs):
-            out += d.step()
-        return out[::-1]  # arrival order must not matter
+        return arrivals(reqs)[::-1]  # arrival order must not matter
 
     a = Collector(method_config("ada_pos"), sim_reward, generate=generate, process_index=2,
                   process_count=3).collect(prompts, jax.random.key(3))

@@ -106,12 +106,13 @@ def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
         rng = np.random.default_rng(0)
         token_prompts = [(rng.integers(3, tok.vocab_size, n).tolist(), m)
                          for n, m in ((5, 8), (11, 4), (100, 6))]  # 100: over the prompt limit
-        limit = policy.engine.max_prompt_len
-        requests = [Request(encode_prompt(tok, template, p), i, 0, m)
+        limit, cap = policy.engine.max_prompt_len, policy.engine.max_new_tokens
+        requests = [Request(encode_prompt(tok, template, p), i, 0, min(m, cap))
                     for i, (p, m) in enumerate(problems)]
-        requests += [Request(ids[-limit:], len(requests) + i, 0, m)  # JetStream keeps the end
-                     for i, (ids, m) in enumerate(token_prompts)]
+        requests += [Request(ids[-limit:], len(requests) + i, 0, min(m, cap))  # JetStream
+                     for i, (ids, m) in enumerate(token_prompts)]  # keeps a long prompt's end
         expected = Driver(policy.engine, policy.params, tokenizer=tok).generate_all(requests)
+        assert all(e.finish_reason != "error" for e in expected)
         assert len({tuple(e.token_ids) for e in expected}) > 1  # the prompts are told apart
 
         banner = _wait_for_banner(proc, out, err)

@@ -98,6 +98,22 @@ class SimulatedDriver:
         return done
 
 
+def simulated_generate(policy: SimulatedPolicy):
+    """A round-loop `generate(requests) -> completions` over the simulated policy (completions
+    come back in the order they finish, which the collector must not depend on)."""
+
+    def generate(requests):
+        driver = SimulatedDriver(policy, max(len(requests), 1))
+        for r in requests:
+            driver.submit(r)
+        out = []
+        while len(out) < len(requests):
+            out += driver.step()
+        return out
+
+    return generate
+
+
 def pass_rate_mix(name: str, rng: np.random.Generator, size: int) -> np.ndarray:
     """Pass rates of a prompt mix.
 

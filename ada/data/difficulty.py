@@ -208,11 +208,7 @@ def load_policy(args) -> Policy:
 
     config = load_run_config(args.workdir)
     ckpt = Checkpointer(os.path.join(args.workdir, "checkpoints"))
-    steps = ckpt.all_steps()
-    if args.step is not None and args.step not in steps:
-        raise FileNotFoundError(f"--step {args.step}: no complete checkpoint in {ckpt.directory} "
-                                f"(complete steps: {steps})")
-    step = args.step if args.step is not None else (steps[-1] if steps else None)
+    step = ckpt.pick_step(args.step)
     run = setup.build(config, initial=step is None)  # a checkpoint replaces the initial params
     if step is None:
         log.warning("%s has no checkpoint; sampling with the run's initial params", args.workdir)
