@@ -35,7 +35,8 @@ ada/methods.py). A rerun with the same --workdir resumes from its latest complet
 checkpoint."""
 
 
-def _fail(e: Exception) -> int:
+def fail(e: Exception) -> int:
+    """The one way a command line reports a user error: one line, exit code 2."""
     print(f"error: {e}", file=sys.stderr)
     return 2
 
@@ -68,7 +69,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("no output directory; pass --workdir DIR (e.g. --workdir runs/default)")
         cfglib.validate(config, args.workdir)
     except ConfigError as e:
-        return _fail(e)
+        return fail(e)
     from ada import distributed
     from ada.loop import train
 
@@ -76,7 +77,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     try:
         summary = train(config, args.workdir)
     except ConfigError as e:
-        return _fail(e)
+        return fail(e)
     if distributed.is_main():
         print(json.dumps(summary, default=str))
     return 0
@@ -204,7 +205,7 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     try:
         summary = evaluate_run(args)
     except (ConfigError, FileNotFoundError) as e:
-        return _fail(e)
+        return fail(e)
     print(json.dumps(summary, indent=2, sort_keys=True))
     if args.json:
         with open(args.json, "w") as f:

@@ -70,14 +70,14 @@ def evaluate(records: Sequence[dict], sample: SampleFn, reward, *, samples: int,
     per = math.ceil(len(records) / pcount)
     mine = list(records[pidx * per:(pidx + 1) * per])
     correct = np.zeros(len(records), np.int64)
-    if mine:
-        texts = sample(mine, samples, pidx * per)
-        if len(texts) != len(mine) or any(len(t) != samples for t in texts):
-            raise ValueError("sample() must return `samples` responses for every record")
-        rewards, _ = score(reward, [r for r in mine for _ in range(samples)],
-                           [t for row in texts for t in row])
-        correct[pidx * per: pidx * per + len(mine)] = (
-            (rewards > threshold).reshape(len(mine), samples).sum(1))
+    # every process samples, even with no records: the weight handoff is collective
+    texts = sample(mine, samples, pidx * per)
+    if len(texts) != len(mine) or any(len(t) != samples for t in texts):
+        raise ValueError("sample() must return `samples` responses for every record")
+    rewards, _ = score(reward, [r for r in mine for _ in range(samples)],
+                       [t for row in texts for t in row])
+    correct[pidx * per: pidx * per + len(mine)] = (
+        (rewards > threshold).reshape(len(mine), samples).sum(1))
     correct = np.asarray(distributed.global_sum(correct), np.int64)
     out = {f"eval_{k}": v for k, v in summarize(correct, samples, pass_k).items()}
     levels = sorted({r["difficulty"] for r in records if r.get("difficulty") is not None})

@@ -8,7 +8,8 @@ behind JetStream's gRPC server (optional extra: `pip install 'ada[jetstream]'`).
 A text request is a problem: it is rendered with the run's prompt template and encoded by
 the run's tokenizer, as training prompts were. A token request is prefilled as given and
 answered with token ids. Decoding is greedy unless --temperature is set, on the engine ada
-samples with (this host's first device) through `ada.sampling.jetstream_adapter`.
+samples with (`setup.make_engine`: this host's devices as the run's sampling.mesh, or
+--mesh, lays them out) through `ada.sampling.jetstream_adapter`.
 Bad input (no run or model, no checkpoint at --step, a port in use, the extra missing) ends
 the command with one line `error: ...` and exit code 2 before any weight is read.
 """
@@ -27,16 +28,24 @@ from collections.abc import Sequence
 from typing import Any
 
 from ada import config as cfglib
-from ada.cli import DEFAULT_CONFIG, _fail
+from ada.cli import DEFAULT_CONFIG, fail
 from ada.config import ConfigError
 
 EXAMPLE_PROBLEM = "What is 12 + 34?"
+EPILOG = """examples:
+  ada-serve --workdir runs/default --port 9000         # the run's latest checkpoint
+  ada-serve --workdir runs/q7b --step 300 --port 9000
+  ada-serve --model /models/Qwen2.5-Math-1.5B --template qwen25_math --port 9000
+
+Text requests are problems, rendered with the run's template (or --template); it prints
+a one-line client command once it listens."""
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ada-serve", description="Serve a run's checkpoint or a Hugging Face model with "
-                                      "JetStream's gRPC server (pip install 'ada[jetstream]').")
+                                      "JetStream's gRPC server (pip install 'ada[jetstream]').",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group()
     what.add_argument("--workdir", help="a run directory (its config.json and checkpoints/)")
     what.add_argument("--model", help="a Hugging Face model directory instead of a run")
@@ -49,11 +58,15 @@ def parser() -> argparse.ArgumentParser:
                    help="address to bind (default loopback; 0.0.0.0 or [::] serves the network)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
     p.add_argument("--max_new_tokens", type=int, default=None,
-                   help="cap on any request's new tokens (default: the run's sampling.max_new_tokens)")
+                   help="cap on any request's new tokens (default: the run's "
+                        "sampling.max_new_tokens)")
     p.add_argument("--max_prompt_len", type=int, default=None,
                    help="longest prompt in tokens (default: the run's data.max_prompt_len); longer "
                         "prompts keep their last tokens")
     p.add_argument("--num_slots", type=int, default=16, help="requests decoded at once")
+    p.add_argument("--mesh", default="",
+                   help="DATA,TENSOR: the engine's mesh over this host's devices, e.g. "
+                        "--mesh=1,8 (default: the run's sampling.mesh; DATA -1: all of them)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     return p
 
@@ -107,21 +120,18 @@ def resolve(args) -> tuple[Any, str, int | None]:
         if not os.path.isfile(os.path.join(wd, "config.json")):
             raise ConfigError(f"--workdir {wd} is not a run directory (no config.json); train one "
                               f"with python -m ada.runner --workdir {wd}, or pass --model HF_DIR")
-        config = cfglib.load_run_config(wd)
-        ckdir = os.path.join(wd, "checkpoints")
-        steps = []
-        if os.path.isdir(ckdir):
-            from ada.checkpoint import Checkpointer
+        from ada.checkpoint import Checkpointer
 
-            steps = Checkpointer(ckdir).all_steps()
-        if args.step is not None and args.step not in steps:
-            raise ConfigError(f"--step {args.step}: no complete checkpoint in {ckdir} (complete "
-                              f"steps: {steps}); pass one of them or leave --step out for the latest")
-        if not steps:
-            raise ConfigError(f"{ckdir} holds no complete checkpoint yet; wait for the first "
-                              f"(every checkpoint.every={config.checkpoint.every} steps) or "
-                              "pass --model HF_DIR")
-        step = steps[-1] if args.step is None else args.step
+        config = cfglib.load_run_config(wd)
+        ckpt = Checkpointer(os.path.join(wd, "checkpoints"))
+        try:
+            step = ckpt.pick_step(args.step)
+        except FileNotFoundError as e:
+            raise ConfigError(f"{e}; pass one of them, or no --step for the latest") from None
+        if step is None:
+            raise ConfigError(f"{ckpt.directory} holds no complete checkpoint yet; wait for the "
+                              f"first (every checkpoint.every={config.checkpoint.every} steps) "
+                              "or pass --model HF_DIR")
         return config, f"{wd} step {step}", step
     if not args.model:
         raise ConfigError("nothing to serve; pass --workdir RUN_DIR or --model HF_DIR")
@@ -148,8 +158,9 @@ def check_port(host: str, port: int) -> None:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(addr)
     except OSError as e:
-        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}); the port is in use "
-                          "or the address is not this host's: pass another --port or --host") from None
+        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}); the port is in "
+                          "use or the address is not this host's: pass another --port or --host"
+                          ) from None
 
 
 def load_policy(args, config, label: str, step: int | None) -> Policy:
@@ -170,26 +181,32 @@ def load_policy(args, config, label: str, step: int | None) -> Policy:
     if args.temperature < 0:
         raise ConfigError(f"--temperature {args.temperature} must be >= 0 (0: greedy)")
     config.sampling.num_slots = args.num_slots
+    if args.mesh:
+        try:
+            config.sampling.mesh = tuple(int(x) for x in args.mesh.split(","))
+        except ValueError:
+            raise ConfigError(f"--mesh {args.mesh}: write DATA,TENSOR, e.g. 1,8") from None
     max_new = args.max_new_tokens or config.sampling.max_new_tokens
     # One more position for the BOS JetStream prepends (masked out); its buckets start at 16.
     config.data.max_prompt_len = max(16, (args.max_prompt_len or config.data.max_prompt_len) + 1)
-    try:
+    try:  # a ValueError here is an unreadable tokenizer, model config or weights
         paths = config.tokenizer.path or config.model.path
         tokenizer = setup.load_tokenizer_for(config, None if paths else setup.load_task(config))
         model_cfg = setup.model_config_for(config, tokenizer)
         engine = setup.make_engine(config, model_cfg, tokenizer, temperature=args.temperature,
                                    max_new_tokens=max_new)
-    except (ValueError, OSError) as e:  # ConfigError included: an unreadable tokenizer or model
+        if step is not None:
+            from ada.checkpoint import Checkpointer
+
+            ckpt = Checkpointer(os.path.join(args.workdir, "checkpoints"))
+            params = ckpt.restore_params(step)[0]["params"]
+        else:
+            from ada.models.hf import load_hf
+
+            params = load_hf(config.model.path, dtype=config.model.dtype,
+                             param_dtype=config.model.param_dtype)[0]
+    except (ValueError, OSError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None
-    if step is not None:
-        from ada.checkpoint import Checkpointer
-
-        params = Checkpointer(os.path.join(args.workdir, "checkpoints")).restore_params(step)[0]["params"]
-    else:
-        from ada.models.hf import load_hf
-
-        params = load_hf(config.model.path, dtype=config.model.dtype,
-                         param_dtype=config.model.param_dtype)[0]
     return Policy(engine, params, ServedTokenizer(tokenizer, template),
                   f"{label} (template {template!r})")
 
@@ -200,19 +217,12 @@ def serve(policy: Policy, host: str, port: int, seed: int = 0):
     from ada.sampling.jetstream_adapter import JetStreamEngine  # isort: skip
     from jetstream.core import config_lib, server_lib  # isort: skip
 
-    class Engine(JetStreamEngine):
-        def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int):
-            """JetStream keeps the last T tokens of a longer prompt but reports its full
-            length; clamp it, since a raise here would end the server."""
-            return super().prefill(params=params, existing_prefix=existing_prefix,
-                                   padded_tokens=padded_tokens,
-                                   true_length=min(int(true_length), padded_tokens.shape[-1]))
-
-    jet = Engine(policy.engine, policy.params, policy.tokenizer, step_key=seed)
+    jet = JetStreamEngine(policy.engine, policy.params, policy.tokenizer, step_key=seed)
     device = jet.mesh.devices.flat[0]
     server_config = config_lib.ServerConfig(interleaved_slices=(f"{device.platform}=1",),
                                             interleaved_engine_create_fns=(lambda _: jet,))
-    server_lib._HOST = host  # server_lib.run binds every interface ([::]) otherwise
+    # server_lib.run binds every interface ([::]) otherwise; an IPv6 address needs brackets.
+    server_lib._HOST = f"[{host}]" if ":" in host and not host.startswith("[") else host
     return server_lib.run(port=port, config=server_config, devices=[device])
 
 
@@ -238,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_port(args.host, args.port)
         policy = load_policy(args, *resolved)
     except ConfigError as e:
-        return _fail(e)
+        return fail(e)
     server = serve(policy, args.host, args.port, args.seed)
     print(f"ada-serve: {policy.label} on {args.host}:{args.port} (JetStream gRPC, "
           f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}'}, at most "

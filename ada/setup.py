@@ -90,9 +90,11 @@ def load_task(config) -> Task:
                 except ImportError as e:
                     raise ConfigError(f"data.source=tfds: {e}") from None
             except TfdsError as e:
-                fix = {"name_or_dir": "set --config.data.tfds_name to a prepared dataset's name "
-                                      "in --config.data.tfds_data_dir, or to its version folder",
-                       "split": f"set --config.data.{split_knob} to one of them"}.get(
+                fix = {"name_or_dir": "set --config.data.tfds_name to a dataset prepared in "
+                                      "--config.data.tfds_data_dir (e.g. by tfds build; nothing "
+                                      "is downloaded) or to its version folder",
+                       "split": f"set --config.data.{split_knob} to one of its splits, "
+                                "optionally sliced like train[:90%]"}.get(
                     e.arg, f"set --config.data.{e.arg} to the feature that holds it")
                 raise ConfigError(f"{e.problem}; {fix}") from None
             except DataError as e:
@@ -102,7 +104,7 @@ def load_task(config) -> Task:
         if d.source == "tfds":
             train = read(d.tfds_split, "tfds_split")
             evals = read(d.tfds_eval_split, "tfds_eval_split") if d.tfds_eval_split else []
-            name = os.path.basename(os.path.normpath(d.tfds_name))
+            name = d.tfds_name
         else:
             train = read(d.train_path)
             evals = read(d.eval_path) if d.eval_path else []

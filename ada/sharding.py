@@ -111,7 +111,7 @@ def replica_mesh(mesh: Mesh, devices: Sequence[jax.Device]) -> Mesh | None:
     out on this one holds a full copy on every replica, arranged like on `mesh`: a process
     takes its copy from its own shards, with no host round trip.
     """
-    size = mesh.devices.size
+    size, devices = mesh.devices.size, list(devices)
     groups = []
     for p in sorted({d.process_index for d in devices}):
         own = _by_id(d for d in devices if d.process_index == p)
@@ -121,6 +121,17 @@ def replica_mesh(mesh: Mesh, devices: Sequence[jax.Device]) -> Mesh | None:
     grid = np.asarray(groups, dtype=object).reshape((len(groups),) + mesh.devices.shape)
     return Mesh(grid, ("replica",) + tuple(mesh.axis_names),
                 axis_types=(AxisType.Auto,) * (1 + len(mesh.axis_names)))
+
+
+def take_replica(tree: Any, shardings: Any) -> Any:
+    """This process's copy, laid out by `shardings` (on one replica's mesh), of arrays laid
+    out on a `replica_mesh`: that replica's shards, assembled without a copy."""
+
+    def one(x, sh):
+        return jax.make_array_from_single_device_arrays(
+            x.shape, sh, [s.data for s in x.addressable_shards if s.device in sh.device_set])
+
+    return jax.tree.map(one, tree, shardings)
 
 
 def _by_id(devices) -> list[jax.Device]:

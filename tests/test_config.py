@@ -29,7 +29,7 @@ def test_paper_configs(name, method):
             cfg.adaptive.max_rounds) == (512, 4, 8, 4)
     assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.entropy_coef) == (1e-6, 10, 1e-4)
     assert (cfg.optim.clip_low, cfg.optim.clip_high) == (0.2, 0.28)
-    assert (cfg.train.steps, cfg.sampling.max_new_tokens, cfg.sampling.temperature) == (600, 4096, 1.0)
+    assert (cfg.train.steps, cfg.sampling.max_new_tokens, cfg.sampling.temperature) == (600, 2048, 1.0)
     assert cfg.adaptive.normalize_std is None  # the method's own: ada.methods
     # the weights are not here: validation names the model path
     with pytest.raises(C.ConfigError, match="model path .* does not exist"):

@@ -213,10 +213,8 @@ def test_sharded_equals_unsharded_and_temperature_logprobs(model):
     reqs = [Request(p, i, s, 12) for i, p in enumerate(prompts(4, seed=11)) for s in range(3)]
     plain = Driver(Engine(config, **kw), params, step_key=3).generate_all(reqs)
     engine = Engine(config, mesh=mesh, **kw)
-    sharded_params = engine.shard_params(params)
-    assert tuple(sharded_params["layers"]["q"].sharding.spec) == (None, "fsdp", "tensor")
-    driver = Driver(engine, sharded_params, step_key=3)
-    # the driver's per-layer weights keep their layer's sharding
+    driver = Driver(engine, params, step_key=3)
+    # per-layer weights laid out by the tables, the "layers" axis indexed away
     assert tuple(driver.params["layers"][1]["q"].sharding.spec) == ("fsdp", "tensor")
     k0 = driver.state.cache.k[0]  # [B, K, Hd, S]
     assert k0.sharding.spec[0] == ("data", "fsdp") and k0.sharding.spec[1] == "tensor"

@@ -27,9 +27,10 @@ LAYERS = {
     "ada.setup": 4, "ada.step": 4,
     "ada.loop": 5,
     "ada.cli": 6, "ada.runner": 6, "ada.data.difficulty": 6, "ada.memory_plan": 6,
-    "ada.models.inspect": 6,
+    "ada.models.inspect": 6, "ada.serve": 6,
 }
-ENTRY_POINTS = ("ada.cli", "ada.runner", "ada.evaluate", "ada.data.difficulty", "ada.loop")
+ENTRY_POINTS = ("ada.cli", "ada.runner", "ada.evaluate", "ada.data.difficulty", "ada.loop",
+                "ada.serve")
 MAX_LINES = 500
 
 

@@ -1,16 +1,14 @@
-"""Two local processes (jax.distributed, CPU, gloo) run the same loop as one process.
+"""Two local processes (jax.distributed, CPU, gloo) of 4 devices each run the same loop as
+one process.
 
 Process 0's prompts are 'easy' (every one exits in round 1 under the pos rule); process
-1's are 'hard' (they keep sampling for more rounds). Generation is process-local, so the
-different round counts cannot hang the collectives; the update is one SPMD step over
-both processes' devices. The result must equal a single process with two devices.
+1's are 'hard' (they keep sampling for more rounds). Generation is process-local, on an
+engine over each process's 4 devices (sampling.mesh (4, 1)) that receives the trained
+params from the 8-device train mesh without a host round trip, so the different round
+counts cannot hang the collectives; the update is one SPMD step over both processes'
+devices. The result must equal a single process with two devices sampling on one.
 
-`select` draws its randomness for the whole [P] batch at once, so which responses a
-prompt keeps depends on how prompts are split over processes (reported to the lead:
-per-prompt keys would fix that). The test is built so the update does not depend on it:
-easy prompts exit in round 1 with a pool of exactly n (all kept), hard prompts are
-all-wrong (advantage 0), there is no entropy or KL term, and the loss is averaged per
-sequence, so the kept hard responses carry no weight.
+Selection keys are global prompt ids, so the responses kept do not depend on the split.
 """
 
 import json
@@ -45,7 +43,7 @@ def _data(tmp_path):
     return str(path)
 
 
-def _cmd(data, workdir, cache):
+def _cmd(data, workdir, cache, **extra):
     ov = {
         "method": "ada_pos", "data.source": "jsonl", "data.train_path": data, "data.eval_path": "",
         "data.num_eval": 0, "data.shuffle": False, "data.prompts_per_step": 4,
@@ -57,7 +55,7 @@ def _cmd(data, workdir, cache):
         "sampling.max_new_tokens": 4, "train.steps": 2, "eval.every": 0, "checkpoint.every": 2,
         "warmstart.enabled": False, "warmstart.cache_dir": cache, "log.progress": False,
         "log.plots": False, "log.tensorboard": False, "optim.lr": 1e-2, "optim.warmup_steps": 1,
-        "mesh.data": -1, "tokenizer.vocab_size": 48,
+        "mesh.data": -1, "tokenizer.vocab_size": 48, **extra,
     }
     return [sys.executable, "-m", "ada.runner", "--config", DEFAULT,
             *[f"--config.{k}={v}" for k, v in ov.items()], "--workdir", workdir]
@@ -82,8 +80,8 @@ def test_two_processes_match_one(tmp_path):
 
     multi = str(tmp_path / "multi")
     port = _free_port()
-    procs = [subprocess.Popen(_cmd(data, multi, cache),
-                              env=_env(1, ADA_COORDINATOR=f"localhost:{port}", ADA_NUM_PROCESSES="2",
+    procs = [subprocess.Popen(_cmd(data, multi, cache, **{"sampling.mesh": "(4,1)"}),
+                              env=_env(4, ADA_COORDINATOR=f"localhost:{port}", ADA_NUM_PROCESSES="2",
                                        ADA_PROCESS_ID=str(i)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
@@ -105,7 +103,8 @@ def test_two_processes_match_one(tmp_path):
     assert rows_m[1]["rounds_per_process"][0] == 1 and rows_m[1]["rounds_per_process"][1] > 1
     assert rows_s[1]["rounds_per_process"] == [max(rows_m[1]["rounds_per_process"])]
     for a, b in zip(rows_s[1:], rows_m[1:], strict=False):
-        for k in ("reward_mean", "zero_variance_share", "samples_per_prompt", "samples",
+        for k in ("reward_round0_mean", "reward_mean", "response_tokens_mean",
+                  "zero_variance_share", "samples_per_prompt", "samples",
                   "active_prompts_per_round", "exited_share"):
             assert a[k] == b[k], (k, a[k], b[k])
         for k in ("loss", "grad_norm"):
@@ -114,5 +113,8 @@ def test_two_processes_match_one(tmp_path):
     pm, _ = Checkpointer(os.path.join(multi, "checkpoints")).restore_params()
     import jax
 
+    # 8 devices over 2 processes sum the gradients in another order than 2 in one, and Adam's
+    # g / (|g| + eps) turns that rounding into up to ~1e-6 where |g| is below eps; a wrong
+    # batch or sample would move weights by about a step (lr 1e-2), 100x this tolerance
     for x, y in zip(jax.tree.leaves(ps["params"]), jax.tree.leaves(pm["params"]), strict=True):
-        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-4)

@@ -5,10 +5,13 @@ several devices samples what one device does, and a bad `sampling.mesh` is one l
 The 8 fake CPU devices come from tests/conftest.py.
 """
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src.array import ArrayImpl
 
 from ada import sharding as shd
 from ada.config import ConfigError, validate
@@ -40,6 +43,21 @@ def train_state(bf16_model):
     return make_train_fns(cfg, TrainConfig(), shd.make_mesh((2, 2, 2))).init_state(params)
 
 
+@contextlib.contextmanager
+def no_host_round_trip(monkeypatch, guard=jax.transfer_guard):
+    """`guard("disallow")`, and no array read on the host: jax.transfer_guard does not see
+    the fake CPU devices' transfers (host memory either way), so reading a value, which
+    device_get, np.asarray and process_allgather all do, fails too."""
+
+    def host_read(*_, **__):
+        raise AssertionError("the params made a host round trip")
+
+    with monkeypatch.context() as m, guard("disallow"):
+        m.setattr(ArrayImpl, "_value", property(host_read))
+        m.setattr(ArrayImpl, "__array__", host_read)
+        yield
+
+
 def expected_sampling_params(cfg, params):
     return decode_params(jax.tree.map(lambda x: np.asarray(x).astype(cfg.compute_dtype), params),
                          cfg)
@@ -55,22 +73,23 @@ def check_prepared(engine, cfg, params, got):
 
 
 @pytest.mark.parametrize("engine_mesh", [(4, 1), (2, 2), (8, 1)])
-def test_trained_params_reach_the_engine_on_device(bf16_model, train_state, engine_mesh):
+def test_trained_params_reach_the_engine_on_device(bf16_model, train_state, engine_mesh,
+                                                   monkeypatch):
     """From the train mesh over 8 devices to an engine over 4 or 8 (2 or 1 copies): no
-    transfer of any kind (a process_allgather or device_get would be device to host), the
-    exact cast and split, laid out by the engine's shardings."""
+    transfer, no host round trip (process_allgather, device_get), the exact cast and split,
+    laid out by the engine's shardings."""
     cfg, params = bf16_model
     engine = Engine(cfg, num_slots=8, max_prompt_len=16, max_new_tokens=8,
                     mesh=shd.local_mesh(*engine_mesh))
-    with jax.transfer_guard("disallow"):
+    with no_host_round_trip(monkeypatch):  # no transfer of any kind
         got = engine.prepare_params(train_state.params)
     check_prepared(engine, cfg, params, got)
     assert tuple(got["layers"][1]["q"].sharding.spec) == ((None, "tensor") if engine_mesh[1] > 1
                                                           else (None, None))
     # the Rollout hands the params over the same way, once, when it makes its Driver
-    rollout = Rollout(engine, Tokenizer(), None, None)
-    with jax.transfer_guard_device_to_host("disallow"):
-        driver = rollout.driver(train_state.params, jax.random.key(0))
+    rollout, key = Rollout(engine, Tokenizer(), None, None), jax.random.key(0)
+    with no_host_round_trip(monkeypatch, jax.transfer_guard_device_to_host):
+        driver = rollout.driver(train_state.params, key)
     check_prepared(engine, cfg, params, driver.params)
     assert engine.prepare_params(driver.params) is driver.params  # decode form: taken as is
 

@@ -92,7 +92,8 @@ def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
     from ada.templates import encode_prompt
 
     port = free_port()
-    argv = ["--workdir", str(run_dir), "--step", "3", "--port", str(port), "--host", "127.0.0.1"]
+    argv = ["--workdir", str(run_dir), "--step", "3", "--port", str(port), "--host", "127.0.0.1",
+            "--mesh=2,2"]  # slots over 2 of the 8 test devices, heads over 2
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     with open(out, "w") as fo, open(err, "w") as fe:
         proc = subprocess.Popen([sys.executable, "-m", "ada.serve", *argv], stdout=fo, stderr=fe,
@@ -101,6 +102,7 @@ def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
         # The expected answers, from the same engine and weights (step 3, not the latest 5),
         # computed while the server starts.
         policy = _policy(argv)
+        assert dict(policy.engine.mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 2}
         tok, template = policy.tokenizer.tokenizer, policy.tokenizer.template
         problems = [(serve.EXAMPLE_PROBLEM, 16), ("What is 5 - 7?", 5), ("What is 40 + 87?", 3)]
         rng = np.random.default_rng(0)

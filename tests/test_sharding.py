@@ -94,3 +94,36 @@ def test_optimizer_state_follows_parameters_and_batch_is_split():
         np.testing.assert_array_equal(np.asarray(s.data), np.asarray(x)[s.index])
     y = jax.jit(lambda a: shd.constrain_batch(a * 2, mesh))(jnp.ones((8, 2)))
     assert y.sharding.is_equivalent_to(shd.batch_sharding(mesh, 2), 2)
+
+
+def test_sampler_mesh_and_its_replicas():
+    """The sampler's mesh is this process's first devices in id order; the train mesh's
+    devices split into copies of it (one of them the sampler's), so the same specs hold a
+    full, identically arranged copy on each."""
+    devices = jax.devices()
+    mesh = shd.local_mesh(2, 2)
+    assert mesh.devices.shape == (2, 1, 2) and list(mesh.devices.flat) == devices[:4]
+    view = shd.replica_mesh(mesh, reversed(devices))  # any order: grouped by id
+    assert dict(view.shape) == {"replica": 2, "data": 2, "fsdp": 1, "tensor": 2}
+    assert list(view.devices[0].flat) == devices[:4]
+    assert shd.replica_mesh(mesh, devices[:6]) is None  # not whole copies
+    assert shd.replica_mesh(shd.make_mesh((2, 1, 2), devices[4:]), devices) is not None
+    assert shd.replica_mesh(shd.make_mesh((2, 1, 2), devices[1:5]), devices) is None
+    # decode form: a list of layers, each without the "layers" axis
+    shapes = param_shapes(preset("tiny", family="qwen2"))
+    layer = {k: v[1:] for k, v in shapes["layers"].items()}
+    decode = dict(shapes, layers=[layer, layer], lm_head=shapes["embed"][::-1])
+    for m in (mesh, view):
+        sh = shd.param_shardings(decode, m)
+        assert sh["layers"][1]["q"].spec == P(None, "tensor")
+        assert sh["layers"][0]["attn_norm"].spec == P(None)
+        assert sh["lm_head"].spec == P(None, "tensor")
+
+
+def test_gather_to_host():
+    mesh = shd.make_mesh((2, 2, 2))
+    params = init_params(preset("tiny"), jax.random.key(0))
+    host = shd.gather_to_host(jax.device_put(params, shd.param_shardings(params, mesh)))
+    for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(params), strict=True):
+        assert isinstance(a, np.ndarray)
+        np.testing.assert_array_equal(a, np.asarray(b))

@@ -1,5 +1,7 @@
 """TFDS source on a tiny dataset the test writes itself (no network)."""
 
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -104,3 +106,114 @@ def test_tfds_bad_input(tiny, tmp_path):
         load_tfds("tiny_math", data_dir=tmp_path, fmt=FMT)
     with pytest.raises(DataError, match="no dataset_info.json"):
         load_tfds(tmp_path, fmt=FMT)
+
+
+# ----------------------------------------------------------------------------- as a config source
+
+DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                       "default.py")
+
+
+def _overrides(data_dir, **extra):
+    ov = {"data.source": "tfds", "data.tfds_name": "tiny_math", "data.tfds_data_dir": str(data_dir),
+          "data.tfds_split": "train", "data.tfds_eval_split": "train[:4]",
+          "data.problem_key": "question", "warmstart.enabled": "false"}
+    ov.update(extra)
+    return ov
+
+
+@needs_tfds
+def test_runner_trains_two_steps_from_tfds(tiny, tmp_path):
+    from ada.cli import train_main
+    from ada.metrics import read_jsonl
+
+    data_dir, _ = tiny
+    ov = _overrides(data_dir, **{
+        "data.prompts_per_step": "4", "adaptive.samples_per_round": "4",
+        "adaptive.max_rounds": "2", "sampling.num_slots": "32", "sampling.max_new_tokens": "6",
+        "train.steps": "2", "eval.every": "2", "eval.samples": "2", "eval.pass_k": "(1,2)",
+        "checkpoint.every": "2", "warmstart.cache_dir": str(tmp_path / "cache"),
+        "log.progress": "false", "log.plots": "false"})
+    wd = tmp_path / "run"
+    assert train_main([f"--config.{k}={v}" for k, v in ov.items()] + ["--workdir", str(wd)]) == 0
+    rows = read_jsonl(str(wd / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert "eval_accuracy" in rows[-1] and rows[1]["samples"] > 0
+    assert (wd / "checkpoints" / "2").is_dir()
+
+
+@needs_tfds
+def test_config_source_by_version_folder_and_eval_cap(tiny):
+    from ada import config as C
+    from ada import setup
+    from ada.rewards.math_verifier import math_reward
+
+    data_dir, version_dir = tiny
+    cfg = C.build_config(DEFAULT, list(_overrides(
+        "", **{"data.tfds_name": str(version_dir), "data.tfds_data_dir": "",
+               "data.tfds_eval_split": "train", "data.num_eval": "3"}).items()))
+    C.validate(cfg)
+    task = setup.load_task(cfg)
+    assert [r["problem"] for r in task.train] == [r["question"] for r in ROWS]
+    assert len(task.eval) == 3 and task.reward is math_reward
+
+
+@needs_tfds
+@pytest.mark.parametrize("change, want", [
+    ({"data.tfds_name": "no_such_dataset"}, "set --config.data.tfds_name"),
+    ({"data.tfds_split": "test"}, "has no split 'test' (splits: ['bad', 'train']); set "
+                                  "--config.data.tfds_split"),
+    ({"data.tfds_eval_split": "validation"}, "set --config.data.tfds_eval_split"),
+    ({"data.tfds_split": "train[a:b]"}, "set --config.data.tfds_split"),
+    ({"data.problem_key": "problem"}, "missing feature 'problem'"),
+    ({"data.answer_key": "solution"}, "set --config.data.answer_key"),
+    ({"data.tfds_split": "bad"}, "--config.data.on_bad_row=skip"),
+])
+def test_bad_tfds_input_is_one_line_naming_the_knob(tiny, change, want):
+    from ada import config as C
+    from ada import setup
+    from ada.config import ConfigError
+
+    data_dir, _ = tiny
+    cfg = C.build_config(DEFAULT, list(_overrides(data_dir, **change).items()))
+    C.validate(cfg)
+    with pytest.raises(ConfigError) as e:
+        setup.load_task(cfg)
+    assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_tfds_not_installed_names_the_extra(monkeypatch, tmp_path):
+    from ada import config as C
+    from ada import setup
+    from ada.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
+    cfg = C.build_config(DEFAULT, list(_overrides(tmp_path).items()))
+    with pytest.raises(ConfigError, match=r"^data.source=tfds: .*pip install 'ada\[tfds\]'"):
+        setup.load_task(cfg)
+
+
+def test_validate_needs_a_tfds_name_and_an_existing_data_dir(tmp_path):
+    from ada import config as C
+    from ada.config import ConfigError
+
+    cfg = C.build_config(DEFAULT, list(_overrides(tmp_path, **{"data.tfds_name": ""}).items()))
+    with pytest.raises(ConfigError, match="--config.data.tfds_name="):
+        C.validate(cfg)
+    cfg = C.build_config(DEFAULT, list(_overrides(tmp_path / "missing").items()))
+    with pytest.raises(ConfigError, match="data.tfds_data_dir=.* does not exist"):
+        C.validate(cfg)
+
+
+@needs_tfds
+def test_runner_refuses_an_unknown_split_in_one_line_before_training(tiny, tmp_path):
+    data_dir, _ = tiny
+    ov = _overrides(data_dir, **{"data.tfds_split": "test",
+                                 "warmstart.cache_dir": str(tmp_path / "cache")})
+    args = [f"--config.{k}={v}" for k, v in ov.items()] + ["--workdir", str(tmp_path / "run")]
+    r = subprocess.run([sys.executable, "-m", "ada.runner", *args], capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith("error: ") and "--config.data.tfds_split" in lines[0]
+    assert not (tmp_path / "run" / "checkpoints").exists()

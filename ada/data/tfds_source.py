@@ -52,6 +52,17 @@ def _import_tfds():
     return tfds
 
 
+def _hide_gpus_from_tensorflow() -> None:
+    """TF only reads records here; left alone it would reserve the GPUs' memory JAX needs.
+    (Importing TensorFlow waits until now: the checks before it need only the metadata.)"""
+    import tensorflow as tf
+
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # TF's devices were already set up in this process
+        pass
+
+
 def _builder(tfds, name_or_dir: str | os.PathLike, data_dir):
     """A prepared builder: a directory with dataset_info.json, else a name in data_dir."""
     p = Path(name_or_dir)
@@ -62,25 +73,31 @@ def _builder(tfds, name_or_dir: str | os.PathLike, data_dir):
                         "point at the version folder of a prepared TFDS dataset (e.g. "
                         "<data_dir>/<name>/<version>) or pass its name and data_dir",
                         "name_or_dir")
-    # tfds logs a warning for each unprepared version folder; the error below says it once.
+    # tfds logs a warning for each unprepared version folder; the errors below say it once.
     absl = logging.getLogger("absl")
     level = absl.level
     absl.setLevel(logging.ERROR)
     try:
-        builder = tfds.builder(str(name_or_dir), data_dir=data_dir)
-    except Exception as e:  # unknown name, unreadable dir: tfds raises several types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""  # no list of all names
-        raise TfdsError(f"TFDS dataset {name_or_dir!r} not found in data_dir={data_dir!r} "
-                        f"({type(e).__name__}: {first})",
-                        "pass a prepared dataset's name and the data_dir that holds it, or "
-                        "its version folder (no download is done)", "name_or_dir") from e
+        try:
+            builder = tfds.builder(str(name_or_dir), data_dir=data_dir)
+        except Exception as e:  # unknown name, unreadable dir: tfds raises several types
+            raise TfdsError(f"TFDS dataset {name_or_dir!r} not found in data_dir={data_dir!r} "
+                            f"({type(e).__name__}: {_first_line(e)})",
+                            "pass a prepared dataset's name and the data_dir that holds it, or "
+                            "its version folder (no download is done)", "name_or_dir") from e
+        prepared = builder.is_prepared()
     finally:
         absl.setLevel(level)
-    if not builder.is_prepared():
+    if not prepared:
         raise TfdsError(f"TFDS dataset {name_or_dir!r} is not prepared in {builder.data_dir}",
                         "prepare it there first (e.g. `tfds build`) or pass the data_dir that "
                         "holds it; this source never downloads", "name_or_dir")
     return builder
+
+
+def _first_line(e: Exception) -> str:
+    """tfds errors run over several lines (an unknown name lists every registered one)."""
+    return (str(e).strip().splitlines() or [""])[0]
 
 
 def _python(value: Any) -> Any:
@@ -133,6 +150,12 @@ def load_tfds(
     fmt = fmt or RecordFormat()
     builder = _builder(tfds, name_or_dir, data_dir)
     base = split.split("[")[0]
+    try:
+        tfds.core.ReadInstruction.from_spec(split)
+    except ValueError as e:  # a malformed slice such as train[a:b]
+        raise TfdsError(f"TFDS split {split!r} of {builder.name!r} is malformed "
+                        f"({_first_line(e)})",
+                        "pass a split name, optionally sliced like train[:90%]", "split") from e
     if base not in builder.info.splits:
         raise TfdsError(f"TFDS dataset {builder.name!r} has no split {base!r} (splits: "
                         f"{sorted(builder.info.splits)})", "pass one of them", "split")
@@ -148,11 +171,8 @@ def load_tfds(
     source = fmt.source or builder.name
     where = f"TFDS {builder.name}:{local_split}"
     col = _RowCollector(where, on_bad_row, "example")
-    try:
-        ds = builder.as_dataset(split=local_split, shuffle_files=False)
-    except (ValueError, AssertionError) as e:  # a malformed slice such as train[a:b]
-        raise TfdsError(f"TFDS split {split!r} of {builder.name!r} cannot be read ({e})",
-                        "pass a split name, optionally sliced like train[:90%]", "split") from e
+    _hide_gpus_from_tensorflow()
+    ds = builder.as_dataset(split=local_split, shuffle_files=False)
     for i, example in enumerate(tfds.as_numpy(ds)):
         gi = offset + i
         try:

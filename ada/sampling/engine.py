@@ -33,13 +33,11 @@ Decode cache layout (ada.models.KVCache): per layer, keys [B, K, Hd, S] and valu
 [B, K, S, Hd], with S = largest prompt bucket + max_new_tokens; a prompt of bucket P
 occupies positions [0, P) (left padded), generated tokens follow.
 
-Params: `Engine.prepare_params` moves them from wherever they lie (the train mesh over
-every process, one device, the host) to the engine's mesh in the form sampling reads
-(`sampling_params`: the compute dtype, decode form, ada.models.decode_params: one buffer
-per layer, a [D, V] unembedding when tied), once per set of weights, in one jitted call;
-the decode step then reads each layer's weights where they lie. That is one more copy of
-the weights while sampling (half the master's bytes under bfloat16); the stacked form also
-works, slower on XLA:CPU.
+Params: `Engine.prepare_params` brings them once per set of weights, in one jitted call,
+from wherever they lie (the train mesh, one device, the host) to the engine's mesh as
+`sampling_params`: the compute dtype, one buffer per layer, a [D, V] unembedding when tied
+(ada.models.decode_params), read by each decode step where it lies. One more copy of the
+weights (in bfloat16, half the master's bytes); the stacked form also works, slower on CPU.
 
 On CPU, `generate` is compiled with XLA:CPU's YNNPACK fusions off (`CPU_DECODE_OPTIONS`):
 for these skinny [slots, D] x [D, F] products and the decode attention reductions, XLA's
@@ -57,6 +55,7 @@ import numpy as np
 from flax import struct
 from jax.sharding import Mesh, NamedSharding
 
+from ada import sharding as shd
 from ada.models.transformer import (
     KVCache,
     ModelConfig,
@@ -133,9 +132,8 @@ def request_key(step_key: jax.Array, prompt_id, sample_idx) -> jax.Array:
 
 
 def sampling_params(params, *, config: ModelConfig):
-    """The weights as sampling reads them: in the compute dtype (the forward casts every
-    weight to it anyway, so the numbers are the same and bfloat16 reads half the bytes of
-    a float32 master) and in decode form."""
+    """The weights as sampling reads them: in decode form and the compute dtype (the forward
+    casts to it anyway: the same numbers, and half a float32 master's bytes in bfloat16)."""
     return decode_params(jax.tree.map(lambda x: x.astype(config.compute_dtype), params),
                          config)
 
@@ -264,8 +262,9 @@ class Engine:
       chunk_size: K, decode steps per `generate` call.
       max_prefill_rows: the most prompts one prefill call takes (row buckets are the
         powers of two up to it).
-      mesh: optional (data, fsdp, tensor) mesh from `ada.sharding.make_mesh`; params and
-        the decode state are laid out by ada.sharding's tables (slots like a batch).
+      mesh: optional (data, fsdp, tensor) mesh (`ada.sharding.local_mesh` for a sampler);
+        params and the decode state are laid out by ada.sharding's tables (slots like a
+        batch).
       slot_bucketing: compile `generate` for power-of-two slot counts too, so the tail of
         a round runs on fewer slots.
       num_windows: attention-window buckets of `generate`: the cache length S split into
@@ -276,22 +275,10 @@ class Engine:
         slot buckets x windows.
     """
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        *,
-        num_slots: int,
-        max_prompt_len: int,
-        max_new_tokens: int,
-        sampling: SamplingConfig | None = None,
-        eos_ids=(),
-        chunk_size: int = 8,
-        min_prompt_bucket: int = 16,
-        mesh: Mesh | None = None,
-        slot_bucketing: bool = True,
-        max_prefill_rows: int = 8,
-        num_windows: int = 4,
-    ):
+    def __init__(self, config: ModelConfig, *, num_slots: int, max_prompt_len: int,
+                 max_new_tokens: int, sampling: SamplingConfig | None = None, eos_ids=(),
+                 chunk_size: int = 8, min_prompt_bucket: int = 16, mesh: Mesh | None = None,
+                 slot_bucketing: bool = True, max_prefill_rows: int = 8, num_windows: int = 4):
         problems = []
         for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
                             ("max_new_tokens", max_new_tokens), ("chunk_size", chunk_size),
@@ -317,10 +304,8 @@ class Engine:
         # Slot buckets: powers of two up to B, each a multiple of the batch shards.
         shards = 1
         if mesh is not None:
-            from ada import sharding
-
-            sharding.check_batch_size(self.num_slots, mesh, what="num_slots")
-            shards = sharding.batch_shards(mesh)
+            shd.check_batch_size(self.num_slots, mesh, what="num_slots")
+            shards = shd.batch_shards(mesh)
         slot_buckets = [b for b in pow2_buckets(1, self.num_slots)
                         if b % shards == 0 and b < self.num_slots] if slot_bucketing else []
         self.slot_buckets = tuple(slot_buckets) + (self.num_slots,)
@@ -342,7 +327,7 @@ class Engine:
             compiler_options=CPU_DECODE_OPTIONS if on_cpu else None)
         self._sampling_fn = functools.partial(sampling_params, config=config)
         self._sampling_params = jax.jit(self._sampling_fn)
-        self._handoffs: dict[Mesh, tuple[Any, Any]] = {}  # replica mesh -> (jit, shardings)
+        self._handoffs: dict[Mesh, Any] = {}  # replica mesh -> jitted sampling_params
         self._request_key = jax.jit(request_key)
 
     # -- sharding ------------------------------------------------------------
@@ -350,13 +335,11 @@ class Engine:
     def state_shardings(self) -> DecodeState:
         """NamedShardings of the decode state from ada.sharding's tables: slots split like
         a batch (data x fsdp), KV heads and vocabulary over tensor where they divide."""
-        from ada import sharding
-
         assert self.mesh is not None
         c, B, S = self.config, self.num_slots, self.cache_len
         v_shape = (B, c.num_kv_heads, S, c.head_dim)
         k_shape = v_shape[:2] + (c.head_dim, S)
-        ns = lambda logical, shape: NamedSharding(self.mesh, sharding.spec_for(logical, shape, self.mesh))
+        ns = lambda logical, shape: NamedSharding(self.mesh, shd.spec_for(logical, shape, self.mesh))
         k_spec = ns(("batch", "kv_heads", "head_dim", "seq"), k_shape)
         v_spec = ns(("batch", "kv_heads", "seq", "head_dim"), v_shape)
         vec = ns(("batch",), (B,))
@@ -374,41 +357,27 @@ class Engine:
     def param_shardings(self, params, mesh: Mesh | None = None) -> Any:
         """NamedShardings of `params` in sampling form on `mesh` (default: the engine's),
         from ada.sharding's tables: heads, MLP width and vocabulary over tensor."""
-        from ada import sharding
-
-        return sharding.param_shardings(jax.eval_shape(self._sampling_fn, params),
-                                        mesh or self.mesh)
+        return shd.param_shardings(jax.eval_shape(self._sampling_fn, params), mesh or self.mesh)
 
     def prepare_params(self, params):
-        """The params in sampling form (`sampling_params`) on the engine's mesh: one jitted
-        cast + reshard + split, once per set of weights. Params sharded over copies of the
-        engine's mesh (`ada.sharding.replica_mesh`: the train mesh, over every process)
-        come out as a full copy on every copy, and this process assembles its own from its
-        shards: device to device, no host round trip, nothing cross-process afterwards.
-        Others (one device, the host) are cast and split where they lie, then placed.
-        Params already in decode form are taken as they are."""
+        """`sampling_params` on the engine's mesh, in one jitted cast + reshard + split. Params
+        sharded over copies of the engine's mesh (`ada.sharding.replica_mesh`: the train
+        mesh, over every process) come out whole on every copy and this process takes its
+        own: no host round trip. Others (one device, the host) are cast where they lie, then
+        placed. Params already in decode form are taken as they are."""
         if in_decode_form(params, self.config):
             return params
         if self.mesh is None:
             return self._sampling_params(params)
         source = getattr(jax.tree.leaves(params)[0], "sharding", None)
-        view = None
-        if isinstance(source, NamedSharding):
-            from ada import sharding
-
-            view = sharding.replica_mesh(self.mesh, source.mesh.devices.flat)
+        view = (shd.replica_mesh(self.mesh, source.mesh.devices.flat)
+                if isinstance(source, NamedSharding) else None)
         if view is None:
             return jax.device_put(self._sampling_params(params), self.param_shardings(params))
         if view not in self._handoffs:
-            self._handoffs[view] = (
-                jax.jit(self._sampling_fn, out_shardings=self.param_shardings(params, view)),
-                self.param_shardings(params))
-        handoff, shardings = self._handoffs[view]
-        mine = set(self.mesh.devices.flat)
-        return jax.tree.map(
-            lambda x, sh: jax.make_array_from_single_device_arrays(
-                x.shape, sh, [s.data for s in x.addressable_shards if s.device in mine]),
-            handoff(params), shardings)
+            self._handoffs[view] = jax.jit(self._sampling_fn,
+                                           out_shardings=self.param_shardings(params, view))
+        return shd.take_replica(self._handoffs[view](params), self.param_shardings(params))
 
     # -- the contract --------------------------------------------------------
 

@@ -129,8 +129,11 @@ class JetStreamEngine(engine_api.Engine):
     def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int) -> JetPrefix:
         if existing_prefix is not None:
             raise NotImplementedError("prefix continuation (existing_prefix) is not supported")
-        if not 0 < int(true_length) <= padded_tokens.shape[-1]:
-            raise ValueError(f"true_length={true_length} must be in [1, {padded_tokens.shape[-1]}]")
+        if int(true_length) < 1:
+            raise ValueError(f"true_length={true_length} must be >= 1")
+        # JetStream keeps the last T tokens of a longer prompt but reports its full length;
+        # clamp it (a raise here would end the server).
+        true_length = min(int(true_length), padded_tokens.shape[-1])
         prefix = self._prefill(params, jnp.asarray(padded_tokens, jnp.int32), jnp.int32(true_length))
         key = self._key(self.step_key, jnp.uint32(next(self._counter)))
         return JetPrefix(prefix=prefix, key=key)
