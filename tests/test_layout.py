@@ -26,7 +26,7 @@ LAYERS = {
     "ada.config": 3,
     "ada.setup": 4, "ada.step": 4,
     "ada.loop": 5,
-    "ada.cli": 6, "ada.runner": 6, "ada.data.difficulty": 6, "ada.memory_plan": 6,
+    "ada.cli": 6, "ada.runner": 6, "ada.data.difficulty": 6, "ada.plan": 6,
     "ada.models.inspect": 6, "ada.serve": 6,
 }
 ENTRY_POINTS = ("ada.cli", "ada.runner", "ada.evaluate", "ada.data.difficulty", "ada.loop",

@@ -1,0 +1,499 @@
+"""Will this run fit this TPU slice, and how fast could it go at best? Asked before paying.
+
+    python -m ada.plan --config configs/qwen25_math_7b.py:ada_balance --topology v5e:4x4 \
+        [--model qwen2.5-math-7b] [--config.sampling.num_slots=64] [--json plan.json]
+    python -m ada.plan --devices 8 --config.mesh.data=-1 [--hbm-gib 16]   # configs/default.py
+
+The config is read as the runner reads it, the model's shapes from `model.path`'s config.json,
+`--model NAME` (ada/models/known.py) or the preset. Four programs, each as the run builds it,
+are compiled on abstract shapes (nothing is allocated): the train step on the `mesh.*` mesh;
+the reshard (the engine's hand-off of trained params); prefill and a generate chunk on one
+host's `sampling.mesh`. `--topology` compiles with the real TPU compiler (libtpu: pip install
+'ada[tpu]') for abstract chips, `--devices N` with XLA:CPU (its `temp` only guesses a TPU's).
+
+Reported per device: each phase's arguments, outputs, temp and the compiler's peak (a TPU
+compile past HBM fails and its error names the peak); max_num_slots, the most slots whose
+sampler (weights + KV cache + generate temp) fits a chip (`max_slots`); and an ESTIMATE, the
+roofline lower bound on time from the compiler's flops and bytes accessed over the chip's
+peak FLOP/s and HBM bandwidth (XLA counts a loop body once, so from loop-free probes:
+`train_probe`, and one decode step times chunk_size).
+
+Exit status: 0 every phase fits (or no HBM to compare with), 1 some phase does not (the JSON
+is written), 2 a user error, one `error: ...` line and nothing written: a bad config,
+topology or mesh, or prompt + response past the model's context, before anything compiles;
+sampling.num_slots above max_num_slots after the report (only compiling can tell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import difflib
+import functools
+import json
+import math
+import os
+import pathlib
+import re
+import sys
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ada import config as cfglib
+from ada import setup
+from ada import sharding as shd
+from ada.cli import DEFAULT_CONFIG
+from ada.config import ConfigError
+from ada.models.hf_config import CheckpointError, read_config
+from ada.models.known import KNOWN, known
+from ada.rl import train as rl
+from ada.sampling.engine import Engine
+from ada.sampling.samplers import SamplingConfig
+from ada.tokenizer import load_tokenizer
+
+GIB = 2 ** 30
+# Per chip, from cloud.google.com/tpu/docs/<chip>: bf16 FLOP/s, HBM GiB, HBM bytes/s.
+CHIPS = {"v4": (275e12, 32, 1200e9), "v5e": (197e12, 16, 819e9),
+         "v5p": (459e12, 95, 2765e9), "v6e": (918e12, 32, 1640e9)}
+_2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
+_3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8")
+TOPOLOGIES = {"v5e": _2D, "v6e": _2D, "v4": _3D, "v5p": _3D}  # v4, v5p: a device per chip
+_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)(\w?)\w*\) exceeds available HBM "
+                  r"\(([\d.]+)(\w?)\w*\)|Used ([\d.]+)(\w?)\w* of ([\d.]+)(\w?)\w* hbm")
+
+
+class LibtpuUnavailable(ConfigError):
+    """libtpu is missing or cannot start, so --topology cannot compile."""
+
+
+def parse_topology(name: str) -> str:
+    """The chip of a known slice name ('v5e:4x4' -> 'v5e')."""
+    chip, _, shape = name.partition(":")
+    if shape not in TOPOLOGIES.get(chip, ()):
+        known_ = "; ".join(f"{c}:{'|'.join(s)}" for c, s in TOPOLOGIES.items())
+        raise ConfigError(f"unknown topology {name!r}; known: {known_}")
+    return chip
+
+
+def tpu_devices(name: str) -> tuple[list, list]:
+    """Compile-only devices of a slice, and one host's chips as a slice of their own (a
+    program on part of a slice cannot compile its collectives). Up to 8 v5e / v6e chips are
+    one host; other slices have 4 chips per host, as Cloud TPU VMs do."""
+    chip, shape = parse_topology(name), name.partition(":")[2]
+    host = "2x2x1" if chip in ("v4", "v5p") else shape if shape in _2D[:3] else "2x2"
+    bounds = tuple(int(d) for d in host.split("x")) + (1,) * (chip in ("v5e", "v6e"))
+    kw = dict(chip_config_name="megacore") if chip in ("v4", "v5p") else {}
+    # Compiling only: share libtpu with other processes, and give it placeholders for the TPU
+    # VM's variables it would otherwise complain about (the topology is named explicitly).
+    for k, v in dict(ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_SKIP_MDS_QUERY="1",
+                     TPU_WORKER_HOSTNAMES="localhost", TPU_ACCELERATOR_TYPE="v5litepod-4").items():
+        os.environ.setdefault(k, v)
+    try:
+        from jax.experimental import topologies
+
+        slices = [list(topologies.get_topology_desc(
+            platform="tpu", topology_name=f"{chip.replace('v5p', 'v5')}:{s}",
+            chips_per_host_bounds=bounds, **kw).devices) for s in dict.fromkeys((shape, host))]
+        return slices[0], slices[-1]
+    except Exception as e:  # any failure here means libtpu is not usable
+        raise LibtpuUnavailable(f"libtpu cannot load ({type(e).__name__}: "
+                                f"{(str(e) or '?').splitlines()[0][:200]}); pip install "
+                                "'ada[tpu]' or plan on --devices N") from None
+
+
+def cpu_devices(n: int) -> list:
+    with contextlib.suppress(RuntimeError):  # the backend already started: use what exists
+        jax.config.update("jax_num_cpu_devices", max(n, 1))
+    if not 1 <= n <= len(jax.devices()):
+        raise ConfigError(f"--devices {n}: give 1 to {len(jax.devices())} (jax already runs "
+                          "with that many CPU devices; a fresh process can have more)")
+    return jax.devices()[:n]
+
+
+def resolve_model(config, model_name: str | None):
+    """--model's known shapes, model.path's config.json, or the preset (sized to the
+    tokenizer's vocabulary), in the config's dtypes."""
+    m = config.model
+    if model_name:
+        if model_name.lower() not in KNOWN:
+            raise ConfigError(f"--model {model_name!r} is not a known model; choose one of "
+                              f"{', '.join(KNOWN)}")
+        return known(model_name).replace(dtype=m.dtype, param_dtype=m.param_dtype)
+    if m.path and not os.path.isdir(m.path):
+        guess = difflib.get_close_matches(os.path.basename(m.path.rstrip("/")).lower(),
+                                          list(KNOWN), n=1, cutoff=0.5)
+        raise ConfigError(f"model path {m.path!r} does not exist; pass --config.model.path=DIR "
+                          "(only its config.json is read) or plan known shapes with --model "
+                          f"{guess[0] if guess else 'NAME'} (one of {', '.join(KNOWN)})")
+    try:
+        if m.path:
+            return read_config(m.path)[1].replace(dtype=m.dtype, param_dtype=m.param_dtype)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    vocab = config.tokenizer.vocab_size
+    if config.tokenizer.path:
+        vocab = load_tokenizer(config.tokenizer.path).vocab_size
+    return setup.model_config_for(config, types.SimpleNamespace(vocab_size=vocab))
+
+
+def check_config(config, model_name: str | None):
+    """The runner's checks but for the data files (never read here), then the model's."""
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        c.data.train_path = c.data.eval_path = c.model.path = ""
+    cfglib.validate(c)
+    model = resolve_model(config, model_name)
+    setup.check_context_window(config, model)
+    return model
+
+
+def mesh_sizes(sizes, n: int, knob: str, where: str, exact: bool) -> tuple[int, ...]:
+    """Sizes, a leading -1 resolved; their product must be n (or, not `exact`, divide it)."""
+    sizes = tuple(int(s) for s in sizes)
+    rest = math.prod(sizes[1:])
+    if sizes[0] == -1 and rest >= 1 and n % rest == 0:
+        sizes = (n // rest,) + sizes[1:]
+    if min(sizes) < 1 or (n != math.prod(sizes) if exact else n % math.prod(sizes)):
+        raise ConfigError(f"{knob}={sizes} does not {'match' if exact else 'divide'} the {n} "
+                          f"devices of {where}; choose sizes whose product "
+                          f"{'is' if exact else 'divides'} {n} (-1 first: all the rest)")
+    return sizes
+
+
+def device_bytes(tree, shardings=None) -> int:
+    """Bytes of one device's shards of an abstract tree (by default under its own shardings)."""
+    shardings = jax.tree.map(lambda x: x.sharding, tree) if shardings is None else shardings
+    sizes = jax.tree.map(lambda x, sh: math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize,
+                         tree, shardings)
+    return int(sum(jax.tree.leaves(sizes)))
+
+
+def with_shardings(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def compile_phase(lowered, arguments: int) -> dict:
+    """One device's buffers and costs. The peak is the TPU compiler's own (XLA:CPU's leaves
+    temp out: there, arguments + outputs + temp - aliased). A TPU compile past HBM raises:
+    its error gives the peak and the compiler's HBM limit, the shardings the arguments."""
+    t0 = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        if not (hit := _OOM.search(str(e))):
+            raise
+        n, u, m, v = [x for x in hit.groups() if x is not None]
+        size = lambda num, unit: int(float(num) * 1024 ** "BKMGT".index(unit.upper() or "B"))
+        return dict(arguments_bytes=arguments, peak_bytes=size(n, u), hbm_limit_bytes=size(m, v),
+                    over_hbm=True, compile_s=round(time.perf_counter() - t0, 1))
+    ma, ca = compiled.memory_analysis(), compiled.cost_analysis() or {}
+    a, o, t, al = (ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.temp_size_in_bytes,
+                   ma.alias_size_in_bytes)
+    return dict(arguments_bytes=a, outputs_bytes=o, temp_bytes=t, aliased_bytes=al,
+                peak_bytes=ma.peak_memory_in_bytes if next(iter(jax.tree.leaves(
+                    compiled.input_shardings)[0].device_set)).platform == "tpu" else a + o + t - al,
+                flops=float(ca.get("flops", 0)), bytes_accessed=float(ca.get("bytes accessed", 0)),
+                compile_s=round(time.perf_counter() - t0, 1))
+
+
+def abstract_batch(rows: int, seq_len: int, train_cfg, lead: tuple = (), sharding=None) -> dict:
+    """The train batch as abstract arrays (old_logp / ref_logp when the update reads them)."""
+    keys = (rl.REQUIRED_KEYS + ("old_logp",) * (not train_cfg.on_policy)
+            + ("ref_logp",) * (train_cfg.loss.kl_coef > 0))
+    return {k: jax.ShapeDtypeStruct(lead + ((rows,) if k == "advantages" else (rows, seq_len)),
+                                    rl.BATCH_DTYPES[k], sharding=sharding) for k in keys}
+
+
+def lower_train_step(model_cfg, train_cfg, mesh, rows: int, seq_len: int):
+    """The sharded train step lowered on abstract inputs: (lowered, fns, state, batch)."""
+    try:
+        shd.check_batch_size(rows, mesh, train_cfg.mini_batches * train_cfg.micro_batches,
+                             what="train batch (data.prompts_per_step x adaptive.n)")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    fns = rl.make_train_fns(model_cfg, train_cfg, mesh)
+    state = rl.abstract_state(model_cfg, train_cfg)
+    batch = abstract_batch(rows, seq_len, train_cfg)
+    return fns.train_step.lower(state, batch), fns, state, batch
+
+
+def plan_train(model_cfg, train_cfg, mesh, rows: int, seq_len: int, probe: bool) -> dict:
+    lowered, fns, state, batch = lower_train_step(model_cfg, train_cfg, mesh, rows, seq_len)
+    split = dict(params_bytes=device_bytes(state.params, fns.state_sharding.params),
+                 opt_state_bytes=device_bytes(state.opt_state, fns.state_sharding.opt_state),
+                 batch_bytes=device_bytes(batch, shd.batch_shardings(batch, mesh)))
+    fig = compile_phase(lowered, device_bytes(state, fns.state_sharding) + split["batch_bytes"])
+    fig.update(split, rows=rows, seq_len=seq_len, remat=train_cfg.remat,
+               mini_batches=train_cfg.mini_batches, micro_batches=train_cfg.micro_batches,
+               shape=f"{rows} x {seq_len}, {train_cfg.mini_batches} mini x "
+                     f"{train_cfg.micro_batches} micro, remat {'on' if train_cfg.remat else 'off'}")
+    if probe:
+        fig["probe"] = train_probe(model_cfg, train_cfg, mesh, rows, seq_len)
+    return fig
+
+
+def train_probe(model_cfg, train_cfg, mesh, rows: int, seq_len: int) -> dict:
+    """Flops and bytes of one micro-batch's loss and gradient (the step: x micro x mini-batches
+    x epochs) from small loop-free compiles: 1 or 2 layers unrolled (a list of per-layer
+    weights) leave only the loop over N logit chunks of C positions, its body counted once.
+    Costs are linear in [1, r, r c, L, L r] (r rows per device, c positions per chunk body,
+    L layers): fitted at small (r, c, L), read at the micro-batch's (r, N C, L). The compiler
+    drops remat recompute from such code and the optimizer update is left out, so with remat
+    the bound is looser (by up to a third)."""
+    shards = shd.batch_shards(mesh)
+    r = rows // (train_cfg.mini_batches * train_cfg.micro_batches * shards)
+    C = min(train_cfg.logit_chunk, seq_len - 1)
+    N = -(-(seq_len - 1) // C)
+    half = C // 2 if N > 1 else C
+
+    def cost(per_device, chunk, layers):
+        model = model_cfg.replace(num_layers=layers)
+        cfg = dataclasses.replace(train_cfg, logit_chunk=chunk)
+        unrolled = jax.eval_shape(lambda p: dict(p, layers=[
+            jax.tree.map(lambda x, i=i: x[i], p["layers"]) for i in range(layers)]),
+            rl.abstract_state(model, cfg).params)
+        fn = jax.jit(functools.partial(rl.minibatch_grads, model_cfg=model, config=cfg,
+                                       mesh=mesh))
+        return compile_phase(fn.lower(
+            with_shardings(unrolled, shd.param_shardings(unrolled, mesh)),
+            abstract_batch(per_device * shards, seq_len, cfg, (1,),
+                           NamedSharding(mesh, P(None, shd.BATCH_AXES)))), 0)
+
+    points = [(1, half, 1), (1, half, 2)] + [(2, half, 1), (2, half, 2)] * (r > 1) \
+        + [(1, C, 1)] * (N > 1)
+    figs = [cost(*pt) for pt in points]
+    if missing := [f for f in figs if "flops" not in f]:
+        return missing[0]
+    features = lambda rr, c, L: [1, rr, rr * c, L, L * rr]
+    coef = np.linalg.lstsq(np.array([features(*pt) for pt in points], float),
+                           np.array([[f["flops"], f["bytes_accessed"]] for f in figs]),
+                           rcond=None)[0]
+    flops, nbytes = np.array(features(r, N * C, model_cfg.num_layers), float) @ coef
+    return {"flops": float(flops), "bytes_accessed": float(nbytes), "rows_per_device": r,
+            "logit_chunks": N, "compiles": len(points)}
+
+
+def make_engine(config, model_cfg, mesh, num_slots: int) -> Engine:
+    """The engine setup.make_engine builds, on `mesh` (no EOS ids: no compiled shape
+    depends on them)."""
+    s = config.sampling
+    if num_slots % mesh.shape["data"]:
+        raise ConfigError(f"sampling.num_slots={num_slots} does not split over sampling.mesh "
+                          f"data={mesh.shape['data']}; use a multiple of {mesh.shape['data']}")
+    prompt_len = 1 << max(0, (config.data.max_prompt_len - 1).bit_length())
+    return Engine(model_cfg, num_slots=num_slots, max_prompt_len=prompt_len,
+                  max_new_tokens=s.max_new_tokens, chunk_size=s.chunk_size, mesh=mesh,
+                  sampling=SamplingConfig(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p),
+                  slot_bucketing=s.slot_bucketing, max_prefill_rows=s.max_prefill_rows,
+                  num_windows=s.get("num_windows", 4), min_prompt_bucket=min(16, prompt_len))
+
+
+def plan_reshard(engine, stacked, train_mesh) -> dict:
+    """Engine.prepare_params' hand-off: train mesh -> the engine's mesh on every host."""
+    in_sh = shd.param_shardings(stacked, train_mesh)
+    view = shd.replica_mesh(engine.mesh, train_mesh.devices.flat)
+    fn = jax.jit(engine._sampling_fn, in_shardings=(in_sh,),
+                 out_shardings=view and engine.param_shardings(stacked, view))
+    return dict(compile_phase(fn.lower(stacked), device_bytes(stacked, in_sh)),
+                shape="params -> sampler weights")
+
+
+def plan_prefill(engine, params) -> dict:
+    """The engine's jitted prefill (its host arrays arrive replicated)."""
+    shape = (engine.row_buckets[-1], engine.max_prompt_len)
+    tokens, mask = (jax.ShapeDtypeStruct(shape, t, sharding=NamedSharding(engine.mesh, P()))
+                    for t in (jnp.int32, bool))
+    fig = compile_phase(engine._prefill.lower(params, tokens, mask), device_bytes(params))
+    return dict(fig, rows=shape[0], prompt_len=shape[1],
+                shape=f"{shape[0]} x {shape[1]} prompt tokens")
+
+
+def plan_generate(engine, params, num_steps: int | None = None) -> dict:
+    """The engine's jitted generate, every slot attending to the whole cache."""
+    state = with_shardings(jax.eval_shape(engine.init_decode_state), engine.state_shardings())
+    K = num_steps or engine.chunk_size
+    lowered = engine._generate.lower(params, state, num_steps=K, num_slots=engine.num_slots,
+                                     window=engine.cache_len)
+    return dict(compile_phase(lowered, device_bytes((params, state))), num_slots=engine.num_slots,
+                steps=K, cache_len=engine.cache_len,
+                shape=f"{engine.num_slots} slots x {K} steps, cache {engine.cache_len}")
+
+
+fits = lambda fig, hbm: not fig.get("over_hbm") and fig["peak_bytes"] <= hbm
+
+
+def max_slots(generate_at, first: dict, step: int, hbm: float) -> tuple[int, str, dict | None]:
+    """The most slots (a multiple of `step`) whose generate peak fits `hbm`: a line through
+    the peaks at two slot counts, checked by compiling at its answer (a miss redraws it)."""
+    b1, p1 = first["num_slots"], first["peak_bytes"]
+    b2 = b1 // 2 if b1 // 2 >= step and (b1 // 2) % step == 0 else 2 * b1
+    second = generate_at(b2)
+    per_slot = max((second["peak_bytes"] - p1) / (b2 - b1), 1.0)  # bytes; 0 would never end
+    fixed = p1 - per_slot * b1
+    limit = min([hbm] + [f["hbm_limit_bytes"] for f in (first, second) if "hbm_limit_bytes" in f])
+    best = int((limit - fixed) / per_slot) // step * step
+    how = (f"line through generate's peak at {b1} and {b2} slots: {fixed / GIB:.2f} GiB + "
+           f"{per_slot / 2**20:.2f} MiB/slot per device, checked by a compile")
+    for _ in range(4):
+        if best <= 0:
+            return 0, how, None
+        fig = generate_at(best)
+        if fits(fig, hbm):
+            return best, how, fig
+        limit = min(limit, fig.get("hbm_limit_bytes", limit))  # the compiler's own
+        per_slot = max((fig["peak_bytes"] - p1) / (best - b1), per_slot) if best != b1 else per_slot
+        fixed = p1 - per_slot * b1
+        best = min(best - step, int((limit - fixed) / per_slot) // step * step)
+    return best, how + " (the last check did not fit)", None
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def roofline_s(fig: dict, chip: str) -> float | None:
+    """Seconds at the chip's peak FLOP/s or HBM bandwidth, whichever binds (None: no compile)."""
+    peak, _, bandwidth = CHIPS[chip]
+    return max(fig["flops"] / peak, fig["bytes_accessed"] / bandwidth) if "flops" in fig else None
+
+
+def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
+    t, prefill, host = p["phases"]["train"], p["phases"]["prefill"], p["chips_per_host"]
+    rate = lambda tokens, s: s and tokens / host / s
+    train_s = (s := roofline_s(t["probe"], chip)) and s * p["epochs"] * t["mini_batches"] \
+        * t["micro_batches"]
+    model_flops = (rl.train_flops_per_token(model_cfg, t["seq_len"]) * t["rows"] * t["seq_len"]
+                   * p["epochs"] / p["devices"])
+    return {"decode_tokens_per_s_per_chip": rate(decode["num_slots"], roofline_s(decode, chip)),
+            "decode_num_slots": decode["num_slots"],
+            "prefill_tokens_per_s_per_chip": rate(prefill["rows"] * prefill["prompt_len"],
+                                                  roofline_s(prefill, chip)),
+            "train_step_s": train_s,
+            "train_mfu": train_s and model_flops / (train_s * CHIPS[chip][0]),
+            "reshard_s": roofline_s(p["phases"]["reshard"], chip)}
+
+
+def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
+              hbm: float | None, log) -> dict:
+    """`host`: one host's devices (on CPU `devices` themselves, on TPU a one-host slice)."""
+    n, first = len(devices), [d for d in devices if d.process_index == 0]
+    m = config.mesh
+    train_mesh = shd.make_mesh(mesh_sizes((m.data, m.fsdp, m.tensor), n, "mesh (data, fsdp, "
+                                          "tensor)", where, exact=True), devices)
+    data, tensor = mesh_sizes(config.sampling.get("mesh", (1, 1)), len(host), "sampling.mesh",
+                              f"one host of {where}", exact=False)
+    mesh_on = lambda devs: shd.make_mesh((data, 1, tensor), sorted(devs, key=lambda d: d.id)
+                                         [:data * tensor])  # as ada.sharding.local_mesh
+    sampling_mesh, tc = mesh_on(host), setup.train_config(config)
+    engine = make_engine(config, model_cfg, sampling_mesh, config.sampling.num_slots)
+    rows, seq = (config.data.prompts_per_step * config.adaptive.n,
+                 engine.max_prompt_len + config.sampling.max_new_tokens)
+    p = dict(devices=n, hosts=n // len(first), chips_per_host=len(first), epochs=tc.ppo_epochs,
+             train_mesh=dict(train_mesh.shape), sampling_mesh=dict(data=data, tensor=tensor),
+             num_slots=engine.num_slots, max_num_slots=None, max_num_slots_method=None,
+             fits=None, phases={})
+    ph = p["phases"]
+    log(f"compiling the train step ({rows} x {seq} tokens) ...")
+    ph["train"] = plan_train(model_cfg, tc, train_mesh, rows, seq, probe=chip is not None)
+    log("compiling the reshard and prefill ...")
+    stacked = rl.abstract_state(model_cfg, rl.TrainConfig()).params
+    ph["reshard"] = plan_reshard(make_engine(config, model_cfg, mesh_on(first), engine.num_slots),
+                                 stacked, train_mesh)
+    params = with_shardings(jax.eval_shape(engine._sampling_fn, stacked),
+                            engine.param_shardings(stacked))
+    ph["prefill"] = plan_prefill(engine, params)
+
+    def generate_at(slots, steps=None):
+        log(f"compiling generate at {slots} slots{' (one step: the cost probe)' if steps else ''}")
+        return plan_generate(make_engine(config, model_cfg, sampling_mesh, slots), params, steps)
+
+    ph["generate"] = generate_at(engine.num_slots)
+    if hbm:
+        p["max_num_slots"], p["max_num_slots_method"], checked = max_slots(
+            generate_at, ph["generate"], data, hbm)
+        p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]
+        p["fits"] = all(fits(f, hbm) for f in ph.values())
+    slots = engine.num_slots if fits(ph["generate"], hbm or math.inf) else p["max_num_slots"]
+    if chip and slots:
+        p["estimate"] = estimate(p, model_cfg, chip, generate_at(slots, 1))
+    return p
+
+
+def report(p: dict, hbm: float | None) -> str:
+    gib = lambda b: "-" if b is None else f"{b / GIB:.2f}"
+    out = [f"{p['model']} on {p['topology'] or 'CPU'}: {p['devices']} devices, {p['hosts']} "
+           f"host(s) of {p['chips_per_host']}; train mesh {p['train_mesh']}, sampling mesh per "
+           f"host {p['sampling_mesh']}",
+           f"{'':8s} {'shape':38s} {'args':>7s} {'out':>7s} {'temp':>7s} {'peak':>7s}  GiB/device"]
+    for name, f in p["phases"].items():
+        out.append(f"{name:8s} {f['shape']:38s} {gib(f['arguments_bytes']):>7s} "
+                   f"{gib(f.get('outputs_bytes')):>7s} {gib(f.get('temp_bytes')):>7s} "
+                   f"{gib(f['peak_bytes']):>7s}" + ("" if hbm is None else "  fits" if fits(f, hbm)
+                                                    else "  DOES NOT FIT"))
+    if p["max_num_slots"] is not None:
+        out.append(f"max num_slots: {p['max_num_slots']} ({p['max_num_slots_method']})")
+    if e := p.get("estimate"):
+        f = lambda key, spec, scale=1: "-" if e[key] is None else format(e[key] * scale, spec)
+        out += ["ESTIMATE (roofline bound from the compiler's costs, not measured; '-': no fit):",
+                f"  train step >= {f('train_step_s', '.2f')} s, MFU <= {f('train_mfu', '.0%')}",
+                f"  decode     <= {f('decode_tokens_per_s_per_chip', ',.0f')} tokens/s/chip at "
+                f"{e['decode_num_slots']} slots (attending to the whole cache)",
+                f"  prefill    <= {f('prefill_tokens_per_s_per_chip', ',.0f')} tokens/s/chip",
+                f"  reshard    >= {f('reshard_s', '.1f', 1e3)} ms (HBM traffic only)"]
+    if hbm is not None:
+        out.append(f"verdict: {'FITS' if p['fits'] else 'DOES NOT FIT'} {hbm / GIB:g} GiB/chip")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ada.plan", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=DEFAULT_CONFIG, help="configs/FILE.py[:arg]")
+    on = ap.add_mutually_exclusive_group(required=True)
+    on.add_argument("--topology", help="a TPU slice, e.g. v5e:4x4: the real TPU compiler")
+    on.add_argument("--devices", type=int, help="N fake CPU devices: XLA:CPU")
+    ap.add_argument("--model", help="a known model's shapes (ada/models/known.py) instead")
+    ap.add_argument("--hbm-gib", type=float, help="HBM to compare with (default: the chip's)")
+    ap.add_argument("--json", help="write the plan to this file")
+    try:
+        overrides, rest = cfglib.parse_override_args(sys.argv[1:] if argv is None else argv)
+        args = ap.parse_args(rest)
+        config = cfglib.build_config(args.config, overrides)
+        model_cfg = check_config(config, args.model)
+        chip = args.topology and parse_topology(args.topology)
+        hbm = (args.hbm_gib or (CHIPS[chip][1] if chip else 0)) * GIB or None
+        with contextlib.suppress(RuntimeError):  # this machine's backend: the TPUs only compile
+            jax.config.update("jax_platforms", "cpu")
+        devices, host = tpu_devices(args.topology) if chip else (cpu_devices(args.devices),) * 2
+        p = make_plan(config, model_cfg, devices, host, args.topology or f"{args.devices} CPU "
+                      "devices", chip, hbm, functools.partial(print, flush=True))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    p.update(model=args.model or os.path.basename(config.model.path.rstrip("/"))
+             or f"{config.model.preset} {model_cfg.family}", topology=args.topology,
+             config=args.config, overrides=dict(overrides), hbm_bytes=hbm, chip=chip and dict(
+                 zip(("name", "peak_flops", "hbm_gib", "bytes_per_s"), (chip, *CHIPS[chip]),
+                     strict=True)))
+    print(report(p, hbm))
+    if hbm and p["num_slots"] > p["max_num_slots"]:
+        print(f"error: sampling.num_slots={p['num_slots']} does not fit {hbm / GIB:g} GiB per "
+              f"chip, at most {p['max_num_slots']} do: pass --config.sampling.num_slots="
+              f"{p['max_num_slots']}" + " (and raise sampling.mesh tensor: the weights alone do "
+              "not fit)" * (not p["max_num_slots"]), file=sys.stderr)
+        return 2
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(p, indent=2))
+    return 1 if p["fits"] is False else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The planner: XLA's per-device figures against live bytes, a plan on fake CPU devices and on
+a TPU slice (the real TPU compiler, via libtpu), and its one-line errors."""
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from ada import plan
+from ada import sharding as shd
+from ada.models import init_params, param_shapes, positions_from_mask, preset
+from ada.models.known import QWEN25_MATH_7B
+from ada.rl.train import TrainConfig
+
+CFG = preset("tiny", family="qwen3")
+TC = TrainConfig(mini_batches=2, micro_batches=2, logit_chunk=8)
+B, T = 16, 12
+TINY = ["--config.mesh.data=-1", "--config.sampling.mesh=(-1,1)", "--config.sampling.num_slots=32",
+        "--config.data.prompts_per_step=8"]
+
+
+def device_bytes(tree, device) -> int:
+    """Bytes of the shards of every array of `tree` that live on `device`."""
+    return sum(s.data.nbytes for x in jax.tree.leaves(tree)
+               for s in x.addressable_shards if s.device == device)
+
+
+def test_planned_bytes_equal_live_bytes_on_cpu():
+    """Tolerance: exact. Arguments and outputs are whole buffers whose sizes XLA knows from
+    the shardings, so the figures must equal the live shard bytes to the byte (outputs plus
+    the output tuple's pointer table), and so must the planner's split of the arguments."""
+    mesh = shd.make_mesh((2, 2, 2))
+    lowered, fns, abstract_state, abstract_batch = plan.lower_train_step(CFG, TC, mesh, B, T)
+    compiled = lowered.compile()
+    rng = np.random.default_rng(0)
+    mask = np.ones((B, T), bool)
+    batch = dict(tokens=rng.integers(0, CFG.vocab_size, (B, T)), mask=mask,
+                 positions=np.asarray(positions_from_mask(mask)),
+                 response_mask=(np.arange(T) >= 6)[None].repeat(B, 0),
+                 advantages=rng.normal(size=B), old_logp=np.full((B, T), -6.2))
+    state = fns.init_state(init_params(CFG, jax.random.key(0)))
+    batch = fns.shard_batch(batch)
+    dev = jax.devices()[0]
+    ma = compiled.memory_analysis()
+    assert ma.argument_size_in_bytes == device_bytes((state, batch), dev)
+    for tree, live, shardings in [
+            (abstract_state.params, state.params, fns.state_sharding.params),
+            (abstract_state.opt_state, state.opt_state, fns.state_sharding.opt_state),
+            (abstract_batch, batch, shd.batch_shardings(abstract_batch, mesh))]:
+        assert plan.device_bytes(tree, shardings) == device_bytes(live, dev)
+
+    new_state, metrics = compiled(state, batch)
+    n_out = len(jax.tree.leaves((new_state, metrics)))
+    # XLA also counts the output tuple's table of 8-byte buffer pointers
+    assert ma.output_size_in_bytes == device_bytes((new_state, metrics), dev) + 8 * n_out
+    assert ma.alias_size_in_bytes >= device_bytes(new_state.params, dev)  # donated state
+
+
+def test_seven_b_state_splits_over_the_mesh():
+    """Per-device params and Adam moments of Qwen2.5-Math-7B: total / (fsdp x tensor)."""
+    n_params = sum(math.prod(s) for s in jax.tree.leaves(
+        param_shapes(QWEN25_MATH_7B), is_leaf=lambda x: isinstance(x, tuple)))
+    assert abs(n_params - 7.6156e9) < 1e6
+    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, np.float32),
+                            param_shapes(QWEN25_MATH_7B), is_leaf=lambda x: isinstance(x, tuple))
+    for shape in [(1, 4, 2), (2, 4, 1)]:
+        per_dev = plan.device_bytes(abstract, shd.param_shardings(abstract, shd.make_mesh(shape)))
+        ways = shape[1] * shape[2]
+        # every matrix splits evenly; only the norms (and, without tensor, nothing else)
+        # stay replicated: < 0.05% above total / ways
+        assert 4 * n_params // ways <= per_dev < 1.0005 * 4 * n_params / ways
+
+
+def run(capsys, tmp_path, *args):
+    out = tmp_path / "plan.json"
+    rc = plan.main([*args, "--json", str(out)])
+    printed = capsys.readouterr()
+    return rc, printed.out, printed.err, json.loads(out.read_text()) if out.exists() else None
+
+
+def check_phases(p, exact: bool):
+    assert set(p["phases"]) == {"train", "reshard", "prefill", "generate"}
+    for name, f in p["phases"].items():  # the reshard only casts and moves: no flops
+        for k in ("arguments_bytes", "peak_bytes", "bytes_accessed") + ("flops",) * (
+                name != "reshard"):
+            assert f[k] > 0, (name, k, f)
+    t = p["phases"]["train"]
+    split = t["params_bytes"] + t["opt_state_bytes"] + t["batch_bytes"] + 3 * 4  # + 3 counters
+    assert split == t["arguments_bytes"] if exact else split <= t["arguments_bytes"]
+
+
+def test_cpu_plan(capsys, tmp_path):
+    rc, out, _, p = run(capsys, tmp_path, "--devices", "8", "--hbm-gib", "0.005", *TINY)
+    assert rc == 0 and "verdict: FITS" in out
+    check_phases(p, exact=True)
+    assert p["train_mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert p["sampling_mesh"] == {"data": 8, "tensor": 1}
+    assert p["phases"]["train"]["rows"] == 8 * 4 and p["phases"]["generate"]["num_slots"] == 32
+    # the most slots is a multiple of the sampling data axis, checked by a compile to fit
+    assert p["max_num_slots"] >= 32 and p["max_num_slots"] % 8 == 0
+    assert p["max_num_slots_peak_bytes"] <= 0.005 * 2**30
+    assert p["fits"] is True and "estimate" not in p  # no chip, no roofline
+
+
+def test_tpu_plan_compiles_every_phase(capsys, tmp_path):
+    """The real TPU compiler on an abstract v5e:2x2 slice: every phase's figures, the slot
+    search and the roofline estimate. Skipped only where libtpu cannot load."""
+    try:
+        plan.tpu_devices("v5e:2x2")
+    except plan.LibtpuUnavailable as e:
+        pytest.skip(str(e))
+    rc, out, _, p = run(capsys, tmp_path, "--topology", "v5e:2x2", "--hbm-gib", "0.05", *TINY)
+    assert rc == 0, out
+    check_phases(p, exact=False)  # the TPU pads arrays to its tiles
+    assert p["topology"] == "v5e:2x2" and p["chip"]["name"] == "v5e" and p["hosts"] == 1
+    assert p["max_num_slots"] >= 32 and p["fits"] is True
+    e = p["estimate"]
+    assert e["decode_tokens_per_s_per_chip"] > 0 and e["train_step_s"] > 0
+    assert 0 < e["train_mfu"] <= 1.5 and "ESTIMATE" in out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--topology", "v7:2x2"], "unknown topology 'v7:2x2'; known: v5e:1x1|2x2"),
+    (["--devices", "8", "--config.mesh.fsdp=3"], "mesh (data, fsdp, tensor)=(-1, 3, 1) does not "
+                                                 "match the 8 devices"),
+    (["--devices", "8", "--config.sampling.mesh=(3,1)"], "sampling.mesh=(3, 1) does not divide"),
+    (["--devices", "8", "--config.sampling.max_new_tokens=5000"], "1024 + 5000 = 6024"),
+    (["--devices", "8", "--config.model.path=models/Qwen2.5-Math-7B"],
+     "plan known shapes with --model qwen2.5-math-7b"),
+    (["--devices", "8", "--model", "gpt-5"], "--model 'gpt-5' is not a known model"),
+    (["--devices", "8", "--config.sampling.num_slots=12"], "num_slots=12 does not split"),
+])
+def test_bad_input_is_one_line_before_any_compile(capsys, tmp_path, monkeypatch, args, says):
+    monkeypatch.setattr(plan, "compile_phase", lambda *a: pytest.fail("compiled"))
+    rc, out, err, p = run(capsys, tmp_path, *TINY, "--config.data.max_prompt_len=1024", *args)
+    assert rc == 2 and p is None and out == ""  # no progress line: nothing compiled
+    assert err.startswith("error: ") and err.count("\n") == 1 and says in err, err
+
+
+def test_too_many_slots_say_how_many_fit(capsys, tmp_path):
+    rc, out, err, p = run(capsys, tmp_path, "--devices", "8", "--hbm-gib", "0.001", *TINY,
+                          "--config.sampling.num_slots=4096")
+    assert rc == 2 and p is None and "max num_slots" in out
+    fit = out.split("max num_slots: ")[1].split()[0]
+    assert err == (f"error: sampling.num_slots=4096 does not fit 0.001 GiB per chip, at most "
+                   f"{fit} do: pass --config.sampling.num_slots={fit}\n")
