@@ -322,6 +322,14 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
          f"adaptive.normalize_std={a.normalize_std!r} must be None (the method's own), true or false")
     d = config.data
     need(d.prompts_per_step >= 1, f"data.prompts_per_step={d.prompts_per_step} must be >= 1")
+    lo, hi = tuple(d.get("pass_rate_range", (0.0, 1.0)))  # absent from older runs
+    need(0.0 <= lo <= hi <= 1.0 and d.get("pass_rate_samples", 16) >= 1,
+         f"data.pass_rate_range={(lo, hi)} needs 0 <= lo <= hi <= 1 and data.pass_rate_samples="
+         f"{d.get('pass_rate_samples', 16)} >= 1")
+    noise = config.warmstart.get("teacher_noise", 0.0)
+    need(0.0 <= noise < 1.0 and (noise == 0.0 or d.source == "arithmetic"),
+         f"warmstart.teacher_noise={noise} must be in [0, 1), and > 0 only for "
+         "data.source=arithmetic (near misses of an integer answer)")
     on_bad_row = d.get("on_bad_row", "raise")  # absent from runs older than the key
     need(on_bad_row in BAD_ROW_POLICIES,
          f"data.on_bad_row={on_bad_row!r} is not one of {BAD_ROW_POLICIES}")

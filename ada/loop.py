@@ -114,7 +114,8 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
         state, m, _ = rl_step(state, next(iterator), jax.random.fold_in(base_key, step),
                               rollout=s.rollout, fns=s.fns, method=c.method, layout=layout,
                               normalize_std=c.adaptive.normalize_std, ref_params=ref_params,
-                              more_prompts=iterator)
+                              more_prompts=iterator,
+                              update_diagnostics=c.log.update_diagnostics)
         counters = {"samples_total": int(counters["samples_total"] + m["samples"]),
                     "prompts_total": int(counters["prompts_total"] + c.data.prompts_per_step)}
         m["samples_total"] = counters["samples_total"]

@@ -191,8 +191,10 @@ def series(rows: Sequence[dict], key: str, x: str = "step") -> tuple[np.ndarray,
     return np.asarray(xs, float), np.asarray(ys, float)
 
 
-PLOT_KEYS = ("reward_round0_mean", "reward_mean", "eval_accuracy", "zero_variance_share",
-             "samples_per_prompt")
+PLOT_KEYS = ("reward_round0_mean", "eval_accuracy", "reward_mean", "zero_variance_share",
+             "samples_per_prompt", "lacking_pos_share_round0", "lacking_neg_share_round0",
+             "entropy", "grad_norm", "clip_frac", "update_kl", "adv_pos_mean", "adv_neg_mean",
+             "logp_change_pos", "logp_change_neg")
 
 # Panel titles in plain words (the metric's own name is the panel's y label). A key without
 # an entry is titled by its name.
@@ -204,6 +206,16 @@ PLOT_TITLES = {
     "zero_variance_share": "share of prompts whose kept group has no learning signal "
                            "(all rewards equal)",
     "samples_per_prompt": "responses drawn per prompt (sampling cost)",
+    "lacking_pos_share_round0": "share of prompts short of n/2 correct after the first round",
+    "lacking_neg_share_round0": "share of prompts short of n/2 wrong after the first round",
+    "entropy": "policy entropy per response token (nats)",
+    "grad_norm": "gradient norm before clipping",
+    "clip_frac": "share of tokens whose PPO ratio is clipped",
+    "update_kl": "KL(old || new) per token across the update, on its own samples",
+    "adv_pos_mean": "mean advantage of positive-advantage responses",
+    "adv_neg_mean": "mean advantage of negative-advantage responses",
+    "logp_change_pos": "log-prob change of positive-advantage responses across the update",
+    "logp_change_neg": "log-prob change of negative-advantage responses across the update",
 }
 
 

@@ -16,11 +16,13 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 
 from ada import methods
 from ada import sharding as shd
 from ada.adaptive.collect import CollectConfig
 from ada.config import ConfigError
+from ada.data.preprocess import DifficultyFilter, difficulty_filter
 from ada.data.sources import DataError, RecordFormat, load_records
 from ada.data.synthetic import make_dataset
 from ada.data.tfds_source import TfdsError, load_tfds  # imports TensorFlow only when called
@@ -28,6 +30,7 @@ from ada.models import init_params, preset
 from ada.models.hf import load_hf
 from ada.models.hf_config import read_config
 from ada.rewards.math_verifier import math_reward
+from ada.rewards.score import score
 from ada.rewards.tasks import arithmetic_reward, countdown_reward
 from ada.rl.losses import LossConfig
 from ada.rl.optimizer import OptimConfig
@@ -203,6 +206,33 @@ def check_context_window(config, model_cfg) -> None:
             "(or eval.max_new_tokens) or data.max_prompt_len")
 
 
+NEAR_MISSES = (-2, -1, 1, 2)  # what a noisy teacher answers instead of the true integer
+TEACHER_COPIES = 5  # warm-start examples per record when the teacher is noisy
+
+
+def warm_start_examples(records, task: Task, tokenizer: Tokenizer, noise: float, seed: int):
+    """(prompt tokens, target tokens) of the warm start. With teacher noise q > 0 each
+    record with an integer answer appears TEACHER_COPIES times, round(q * copies) of them
+    answered by a near miss (answer -2, -1, +1 or +2): the policy learns the answer as its
+    most likely reply but not a certain one, as a pretrained LLM whose pass@k far exceeds its
+    pass@1 (the regime RL sharpens; docs/results.md)."""
+    eos = tokenizer.eos_id
+    rng = np.random.default_rng(seed)
+    wrong = round(noise * TEACHER_COPIES)
+    out = []
+    for r in records:
+        target = tokenizer.encode(task.response(r)) + [eos]
+        answer = r["answer"]
+        if not wrong or not answer.lstrip("-").isdigit():
+            out.append((r["prompt_tokens"], target))
+            continue
+        out += [(r["prompt_tokens"], target)] * (TEACHER_COPIES - wrong)
+        for d in rng.choice(NEAR_MISSES, size=wrong, replace=False):
+            miss = task.response(dict(r, answer=str(int(answer) + int(d))))
+            out.append((r["prompt_tokens"], tokenizer.encode(miss) + [eos]))
+    return out
+
+
 def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_records):
     """(params, warm-start info): a Hugging Face checkpoint, a random init, or a random init
     with the (cached) supervised warm start on the synthetic task."""
@@ -215,11 +245,11 @@ def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_re
         return init_params(model_cfg, jax.random.key(c.seed)), {}
     if task.response is None:
         raise ConfigError("warmstart.enabled needs a synthetic task (data.source=arithmetic|countdown)")
-    eos = tokenizer.eos_id
-    examples = [(r["prompt_tokens"], tokenizer.encode(task.response(r)) + [eos])
-                for r in train_records]
     w = c.warmstart
+    examples = warm_start_examples(train_records, task, tokenizer, w.teacher_noise, w.seed)
     settings = dict(steps=w.steps, batch_size=w.batch_size, lr=w.lr)
+    if w.teacher_noise:  # keyed only when set, so noise-free caches keep their names
+        settings["teacher_noise"] = w.teacher_noise
     vocab_fp = hashlib.sha256("\x00".join(
         tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)).encode()).hexdigest()
     key = warmstart.cache_key(model_cfg, vocab_fp, train_records, task.name, settings, w.seed)
@@ -264,7 +294,8 @@ def collect_config(config) -> CollectConfig:
     return methods.collect_config(
         config.method, n=a.n, samples_per_round=a.samples_per_round, max_rounds=a.max_rounds,
         threshold=a.positive_threshold, reward_range=tuple(a.reward_range),
-        scheduler=a.scheduler, max_prompt_batches=a.dapo_max_batches)
+        scheduler=a.scheduler, max_prompt_batches=a.dapo_max_batches,
+        overlap_scoring=a.get("overlap_scoring", True))  # absent from runs older than the key
 
 
 def make_engine(config, model_cfg, tokenizer: Tokenizer, *, temperature: float,
@@ -292,6 +323,42 @@ def make_engine(config, model_cfg, tokenizer: Tokenizer, *, temperature: float,
                   slot_bucketing=s.slot_bucketing, max_prefill_rows=s.max_prefill_rows,
                   num_windows=s.get("num_windows", 4),  # absent from runs older than the key
                   min_prompt_bucket=min(16, prompt_len))
+
+
+# ----------------------------------------------------------------------------- prompt difficulty
+
+
+def filter_by_pass_rate(c, records: list[dict], params, rollout: Rollout, warm_info: dict):
+    """The training prompts whose pass rate under the initial policy lies in
+    data.pass_rate_range: the paper's easy / hard prompt sets (section 4.1), chosen by the
+    policy that starts training. Pass rates come from data.pass_rate_samples draws at the
+    sampling temperature with a fixed key (the same set for every RL seed) and are cached
+    per policy and sampling setting, so a second run with the same start does not sample."""
+    lo, hi = c.data.pass_rate_range
+    k = c.data.pass_rate_samples
+    policy = warm_info.get("path") or c.model.path or f"random-init-{c.seed}"
+    tag = hashlib.sha256(repr((policy, k, c.sampling.temperature, c.sampling.max_new_tokens,
+                               c.data.source, c.data.train_path, c.data.difficulty,
+                               c.data.task_seed, c.data.num_train)).encode()).hexdigest()[:16]
+    key = jax.random.key(c.warmstart.seed + 104_729)
+    place = {r["id"]: i for i, r in enumerate(records)}
+
+    def sample_fn(chunk, k):  # a record draws as its place in the split, whatever the chunk
+        outs = rollout.sample(params, chunk, k, key, place[chunk[0]["id"]])
+        texts = [o.text for row in outs for o in row]
+        rewards, _ = score(rollout.reward, [r for r in chunk for _ in range(k)], texts)
+        return rewards.reshape(len(chunk), k)
+
+    kept, _ = difficulty_filter(records, sample_fn, DifficultyFilter(k=k, min_pass_rate=lo,
+                                                                     max_pass_rate=hi),
+                                os.path.join(cache_dir(c), "passrates", f"{tag}.jsonl"))
+    if len(kept) < c.data.prompts_per_step:
+        raise ConfigError(f"data.pass_rate_range={tuple(c.data.pass_rate_range)} keeps {len(kept)}"
+                          f" of {len(records)} training prompts, fewer than data.prompts_per_step="
+                          f"{c.data.prompts_per_step}; widen the range")
+    log.info("pass-rate filter %s: kept %d of %d training prompts", (lo, hi), len(kept),
+             len(records))
+    return kept
 
 
 # ----------------------------------------------------------------------------- the whole run
@@ -346,6 +413,8 @@ def build(config, *, initial: bool = True) -> Setup:
         return Rollout(engine, tokenizer, collect_config(c), task.reward)
 
     train_rollout = rollout(s.temperature, s.max_new_tokens)
+    if params is not None and tuple(c.data.get("pass_rate_range", (0.0, 1.0))) != (0.0, 1.0):
+        train_records = filter_by_pass_rate(c, train_records, params, train_rollout, warm_info)
     eval_new = e.max_new_tokens or s.max_new_tokens
     same = e.temperature == s.temperature and eval_new == s.max_new_tokens
     return Setup(c, task, tokenizer, model_cfg, params, warm_info, train_records, eval_records,

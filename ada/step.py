@@ -13,15 +13,17 @@ Every input is explicit, so the step runs the same in the loop, a benchmark or a
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ada import distributed, methods
 from ada.adaptive.collect import Collected
 from ada.rl.batch import BatchLayout, build_train_batch, to_global
-from ada.rl.train import TrainFns, TrainState
+from ada.rl.train import TrainFns, TrainState, compute_logp
 from ada.rollout import Rollout
 
 ROUNDS_LOGGED = 64  # per-round counts kept per step (DAPO runs a few batches of N rounds)
@@ -29,9 +31,13 @@ ROUNDS_LOGGED = 64  # per-round counts kept per step (DAPO runs a few batches of
 
 def rl_step(state: TrainState, prompts: list[dict], key, *, rollout: Rollout, fns: TrainFns,
             method: str, layout: BatchLayout, normalize_std: bool | None = None,
-            ref_params=None, more_prompts=None) -> tuple[TrainState, dict, Collected]:
+            ref_params=None, more_prompts=None,
+            update_diagnostics: bool = False) -> tuple[TrainState, dict, Collected]:
     """One collection and update on this process's `prompts`; returns (state, metrics, the
-    collected batch). `state` is donated under a mesh: use the returned one."""
+    collected batch). `state` is donated under a mesh: use the returned one.
+
+    update_diagnostics: also log how the update moved the batch's own responses
+    (`update_diagnostics`); costs two more forward passes over the batch."""
     t0 = time.perf_counter()
     collected = rollout.collect(state.params, prompts, key, more_prompts)
     t1 = time.perf_counter()
@@ -39,11 +45,41 @@ def rl_step(state: TrainState, prompts: list[dict], key, *, rollout: Rollout, fn
     batch = build_train_batch(collected, adv_PxN, layout)
     batch = fns.shard_batch(batch) if jax.process_count() == 1 else to_global(batch, fns.mesh)
     batch = fns.add_logps(state, batch, ref_params)
+    if update_diagnostics:
+        logp_before = _response_logp(fns)(state.params, batch)
     state, train_m = fns.train_step(state, batch)
+    if update_diagnostics:
+        train_m = dict(train_m, **_update_effect(logp_before, _response_logp(fns)(
+            state.params, batch), batch["advantages"], batch["response_mask"]))
     metrics = step_metrics(collected, jax.device_get(train_m))
     metrics["time_collect_s"] = t1 - t0
     metrics["time_update_s"] = time.perf_counter() - t1
     return state, metrics, collected
+
+
+@functools.lru_cache(maxsize=8)
+def _response_logp(fns: TrainFns):
+    """jit: (params, batch) -> [B] log-probability of each row's response at the sampler's
+    temperature."""
+    def f(params, batch):
+        logp = compute_logp(params, batch, fns.model, fns.config, fns.mesh)
+        return jnp.sum(logp * batch["response_mask"], axis=-1)
+    return jax.jit(f)
+
+
+@jax.jit
+def _update_effect(before_B, after_B, adv_B, response_mask_BxT) -> dict:
+    """What one update did to the responses it trained on, split by the advantage's sign:
+    the mean advantage and the mean change of a response's log-probability (summed over its
+    tokens), and KL(old || new) per token estimated on these samples of the old policy.
+    A working update raises the positives and lowers the negatives; if both fall together
+    the step is noise (e.g. Adam's sign-like steps on a small batch)."""
+    def mean(x, m):
+        return jnp.sum(jnp.where(m, x, 0.0)) / jnp.maximum(jnp.sum(m), 1)
+    pos, neg, change = adv_B > 0, adv_B < 0, after_B - before_B
+    return {"adv_pos_mean": mean(adv_B, pos), "adv_neg_mean": mean(adv_B, neg),
+            "logp_change_pos": mean(change, pos), "logp_change_neg": mean(change, neg),
+            "update_kl": -jnp.sum(change) / jnp.maximum(jnp.sum(response_mask_BxT), 1)}
 
 
 def step_metrics(collected: Collected, train_m: dict) -> dict:
@@ -55,10 +91,12 @@ def step_metrics(collected: Collected, train_m: dict) -> dict:
     """
     P = collected.group_valid.shape[0]
     kept_r = np.where(collected.group_valid, collected.rewards, 0.0)
-    active = np.zeros(ROUNDS_LOGGED, np.int64)
+    active, lack_pos, lack_neg = (np.zeros(ROUNDS_LOGGED, np.int64) for _ in range(3))
     for rd in collected.rounds:
         if rd.get("round", 0) < ROUNDS_LOGGED:
             active[rd["round"]] += rd["active_prompts"]
+            lack_pos[rd["round"]] += rd.get("lacking_pos", 0)
+            lack_neg[rd["round"]] += rd.get("lacking_neg", 0)
     lengths = [len(c.token_ids) for row in collected.completions for c in row if c is not None]
     cm = collected.metrics
     local = np.concatenate([
@@ -66,12 +104,12 @@ def step_metrics(collected: Collected, train_m: dict) -> dict:
          collected.samples.sum(), collected.done.sum(), sum(lengths), len(lengths),
          cm.get("reward_failures", 0), collected.pool.pos.sum(),
          (collected.pool.pos + collected.pool.neg).sum(), cm.get("round0_reward_sum", 0.0),
-         cm.get("round0_samples", 0)], active]).astype(np.float64)
+         cm.get("round0_samples", 0)], active, lack_pos, lack_neg]).astype(np.float64)
     rounds_per_process = distributed.allgather(np.int64(len(collected.rounds)))
     g = distributed.global_sum(local)
     (Pg, rsum, nvalid, zero_var, samples, done, toks, nresp, fails, pos, seen, r0sum,
      r0n) = g[:13]
-    act = g[13:]
+    act, lack_pos, lack_neg = np.split(g[13:], 3)
     last_round = int(np.max(np.nonzero(act)[0]) + 1) if act.any() else 1
     m = {
         "reward_round0_mean": r0sum / max(r0n, 1),  # the policy's accuracy on this batch
@@ -85,6 +123,12 @@ def step_metrics(collected: Collected, train_m: dict) -> dict:
         "reward_failures": fails,
         "rounds_per_process": [int(x) for x in rounds_per_process],
         "active_prompts_per_round": [int(a) for a in act[:last_round]],
+        # after each round's draws, how many of its prompts still lack the positives /
+        # negatives of a balanced group (ada/adaptive/collect.py: _lacking)
+        "lacking_pos_per_round": [int(a) for a in lack_pos[:last_round]],
+        "lacking_neg_per_round": [int(a) for a in lack_neg[:last_round]],
+        "lacking_pos_share_round0": lack_pos[0] / max(act[0], 1),
+        "lacking_neg_share_round0": lack_neg[0] / max(act[0], 1),
     }
     m.update({k: float(v) for k, v in train_m.items()})
     return m

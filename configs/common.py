@@ -56,12 +56,20 @@ def base() -> ml_collections.ConfigDict:
     c.data.max_prompt_len = 32
     c.data.shuffle = True
     c.data.on_bad_row = "raise"  # jsonl / parquet / tfds: raise | skip (count, log) a bad row
+    # Train only on prompts whose pass rate under the initial policy (pass_rate_samples draws
+    # at sampling.temperature, cached) lies in [lo, hi]: the paper's easy / hard prompt sets.
+    # (0.0, 1.0) keeps every prompt without sampling.
+    c.data.pass_rate_range = (0.0, 1.0)
+    c.data.pass_rate_samples = 16
 
     c.adaptive = ml_collections.ConfigDict()
     c.adaptive.n = 4  # responses kept per prompt
     c.adaptive.samples_per_round = 8  # M
     c.adaptive.max_rounds = 4  # N
     c.adaptive.scheduler = "rounds"  # rounds | continuous
+    # rounds over the engine: score each finished response on a thread while the engine
+    # decodes on (the round's exit decisions still wait for all of it: same batch either way)
+    c.adaptive.overlap_scoring = True
     c.adaptive.positive_threshold = 0.5
     c.adaptive.reward_range = (0.0, 1.0)
     # Divide the advantage by the std: None = the method's own (grpo, dapo: yes; ada: no).
@@ -123,6 +131,9 @@ def base() -> ml_collections.ConfigDict:
     c.warmstart.batch_size = 64
     c.warmstart.lr = 3e-3
     c.warmstart.seed = 0
+    # Share of the warm start's targets a noisy teacher answers with a near miss (integer
+    # answers only): 0 = exact targets. See ada/setup.py: warm_start_examples.
+    c.warmstart.teacher_noise = 0.0
     c.warmstart.cache_dir = ""  # '' -> ~/.cache/ada/warmstart
 
     c.mesh = ml_collections.ConfigDict()
@@ -134,6 +145,9 @@ def base() -> ml_collections.ConfigDict:
     c.log.tensorboard = True
     c.log.progress = True
     c.log.plots = True  # write PNG plots of metrics.jsonl at the end
+    # Log how each update moved its own responses (advantage and log-prob change of the
+    # positive- and negative-advantage ones): two more forward passes per step.
+    c.log.update_diagnostics = False
     return c
 
 
@@ -144,7 +158,8 @@ def set_method(c: ml_collections.ConfigDict, method: str | None) -> ml_collectio
 
 
 def paper(model_path: str, family: str, template: str, method: str | None) -> ml_collections.ConfigDict:
-    """The paper's training setup (Reinforce-Ada, section 4), shared by all four models."""
+    """The paper's training setup (Reinforce-Ada, section 4), shared by all four models; each
+    preset adds the layout planned for its TPU slice (mesh, micro-batches, sampler)."""
     c = base()
     c.model.path = model_path
     c.model.family = family
@@ -165,7 +180,6 @@ def paper(model_path: str, family: str, template: str, method: str | None) -> ml
     c.sampling.top_p = 1.0
     # The official setup: 1024 prompt + 2048 response tokens (Qwen2.5-Math's context is 4096).
     c.sampling.max_new_tokens = 2048
-    c.sampling.num_slots = 1024
     c.optim.lr = 1e-6
     c.optim.warmup_steps = 10
     c.optim.weight_decay = 0.0
@@ -185,8 +199,5 @@ def paper(model_path: str, family: str, template: str, method: str | None) -> ml
     c.checkpoint.every = 50
     c.checkpoint.keep = 3
     c.checkpoint.export_hf = True
-    c.mesh.data = -1
-    c.mesh.fsdp = 4
-    c.mesh.tensor = 1
     c.log.progress = True
     return set_method(c, method)

@@ -42,7 +42,7 @@ def get_config(arg=None):
     c.sampling.chunk_size = 8
     c.sampling.mesh = (1, 1)  # one device, as the train step (mesh.data below)
 
-    c.optim.lr = 1e-4
+    c.optim.lr = 3e-4
     c.optim.warmup_steps = 5
     c.optim.entropy_coef = 1e-4
     c.optim.mini_batches = 1
@@ -56,9 +56,11 @@ def get_config(arg=None):
     c.checkpoint.keep = 2
 
     c.warmstart.enabled = True
-    c.warmstart.steps = 1500
+    c.warmstart.steps = 3000
+    c.warmstart.teacher_noise = 0.6
     c.warmstart.batch_size = 64
     c.warmstart.lr = 3e-3
 
     c.mesh.data = 1  # the tiny model runs on one device
+    c.log.update_diagnostics = True
     return common.set_method(c, arg or "ada_balance")

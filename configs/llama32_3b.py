@@ -3,6 +3,12 @@
 Select the method with the arg: configs/llama32_3b.py:grpo | :ada_pos | :ada_balance
 (default ada_balance). Put the Hugging Face checkpoint at models/Llama-3.2-3B-Instruct or pass
 --config.model.path=DIR.
+
+Laid out for a v5e-8 slice (v5e:2x4: one host of 8 chips, 16 GiB HBM each) by the planner:
+    python -m ada.plan --config configs/llama32_3b.py --model llama-3.2-3b --topology v5e:2x4
+Float32 weights and Adam state sharded 8 ways (fsdp), 32 micro-batches with remat; the
+sampler splits slots over 2 and heads over 4 chips (bf16 weights, 64 slots). The README's
+"Will it fit?" table has the planned figures.
 """
 
 from configs import common
@@ -11,4 +17,8 @@ from configs import common
 def get_config(arg=None):
     c = common.paper("models/Llama-3.2-3B-Instruct", family="llama", template="llama32",
                      method=arg or "ada_balance")
+    c.mesh.fsdp = 8
+    c.optim.micro_batches = 32
+    c.sampling.mesh = (2, 4)
+    c.sampling.num_slots = 64  # per host
     return c

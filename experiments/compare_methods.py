@@ -1,17 +1,22 @@
-"""GRPO vs Ada-pos vs Ada-balance from the same warm start, several seeds (Figure 1 in miniature).
+"""GRPO vs DAPO vs Ada-pos vs Ada-balance from the same start, on an easy and a hard prompt
+set, several seeds (Figure 1 and the difficulty ablation of the paper, in miniature).
 
     python experiments/compare_methods.py --workdir runs/compare [--seeds 0,1,2]
-        [--config configs/default.py] [--config.train.steps=60 ...]
+        [--mixes easy,hard] [--config configs/default.py] [--config.train.steps=60 ...]
 
-Every run starts from the same cached warm start (warmstart.seed is fixed; only the RL
-seed changes). Writes to --workdir:
-  <method>/seed<k>/...      each run's metrics.jsonl, checkpoints, plots
-  table.md                  held-out accuracy (mean ± std over seeds) at equal steps and at
-                            equal samples drawn, zero-variance share, samples per prompt
-  compare.png               reward and held-out accuracy vs steps and vs samples drawn,
-                            zero-variance share and samples per prompt per step
-  summary.json              per method: final_eval_accuracy, final_eval_accuracy_std,
-                            samples_drawn, eval_accuracy_at_equal_samples, ...
+The prompt sets are the paper's kind (section 4.1): training prompts chosen by the pass
+rate of the policy that starts training (MIXES; `data.pass_rate_range`, 16 draws each).
+Every run of a mix starts from the same cached warm start and the same prompt set; only
+the method and the RL seed change. Writes to --workdir:
+  <mix>/<method>/seed<k>/   each run's metrics.jsonl, checkpoints, plots
+  table.md                  per mix and method: held-out accuracy (mean ± std over seeds)
+                            at equal steps and at equal samples drawn, samples drawn,
+                            zero-variance share, final entropy, wall clock
+  summary.json              the same numbers: {mix: {method: {...}}}
+  compare_<mix>.png         held-out accuracy vs steps, samples drawn and wall clock; the
+                            policy's accuracy on its batches (first round); entropy; the
+                            share of prompts short of correct / of wrong responses after the
+                            first round; samples per prompt
 Numbers are reported as measured; nothing here picks seeds or tunes one method.
 """
 
@@ -29,35 +34,55 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ada import config as cfglib  # noqa: E402
 from ada.metrics import read_jsonl, series  # noqa: E402
 
-COMPARED = ("grpo", "ada_pos", "ada_balance")  # names from ada/methods.py
+COMPARED = ("grpo", "dapo", "ada_pos", "ada_balance")  # names from ada/methods.py
+# Prompt sets by the starting policy's pass rate over 16 draws. hard: solved at least once
+# but at most 5 times in 16 (most GRPO groups of 4 are all wrong); easy: solved at least
+# 11 times in 16 (most GRPO groups are all right).
+MIXES = {
+    "all": (0.0, 1.0),
+    "easy": (0.6875, 1.0),
+    "hard": (0.0625, 0.3125),
+}
 
 
-def run_all(args, overrides) -> dict[str, list[list[dict]]]:
+def run_all(args, overrides) -> dict[str, dict[str, list[tuple[list[dict], dict]]]]:
+    """{mix: {method: [(metrics rows, run summary) per seed]}}; finished runs are reused."""
     from ada.loop import train
 
     out = {}
-    for method in COMPARED:
-        out[method] = []
-        for seed in args.seeds:
-            wd = os.path.join(args.workdir, method, f"seed{seed}")
-            cfg = cfglib.build_config(args.config, [("method", method), ("seed", str(seed)),
-                                                    *overrides])
-            cfglib.validate(cfg, wd)
-            done = os.path.exists(os.path.join(wd, "summary.json"))
-            if not done:
-                print(f"== {method} seed {seed} -> {wd}", flush=True)
-                train(cfg, wd)
-            out[method].append(read_jsonl(os.path.join(wd, "metrics.jsonl")))
+    for mix in args.mixes:
+        out[mix] = {}
+        for method in COMPARED:
+            out[mix][method] = []
+            for seed in args.seeds:
+                wd = os.path.join(args.workdir, mix, method, f"seed{seed}")
+                cfg = cfglib.build_config(args.config, [
+                    ("method", method), ("seed", str(seed)),
+                    ("data.pass_rate_range", repr(MIXES[mix])), *overrides])
+                cfglib.validate(cfg, wd)
+                done = os.path.join(wd, "summary.json")
+                if not os.path.exists(done):
+                    print(f"== {mix} {method} seed {seed} -> {wd}", flush=True)
+                    train(cfg, wd)
+                with open(done) as f:
+                    out[mix][method].append((read_jsonl(os.path.join(wd, "metrics.jsonl")),
+                                             json.load(f)))
     return out
 
 
-def _cumulative_samples(rows):
-    return {r["step"]: r.get("samples_total", 0) for r in rows}
+def with_clock(rows: list[dict]) -> list[dict]:
+    """Rows with `wall_s`: seconds spent collecting and updating up to the end of the step
+    (evals excluded, so methods compare by their training cost)."""
+    t, out = 0.0, []
+    for r in rows:
+        t += r.get("time_collect_s", 0.0) + r.get("time_update_s", 0.0)
+        out.append(dict(r, wall_s=t))
+    return out
 
 
 def eval_points(rows):
     """[(step, samples_drawn_so_far, eval_accuracy)] of one run."""
-    cum = _cumulative_samples(rows)
+    cum = {r["step"]: r.get("samples_total", 0) for r in rows}
     return [(r["step"], cum.get(r["step"], 0), r["eval_accuracy"])
             for r in rows if r.get("eval_accuracy") is not None]
 
@@ -68,74 +93,99 @@ def acc_at_samples(rows, budget: float) -> float:
     return pts[-1][2] if pts else float("nan")
 
 
-def summarize(runs: dict[str, list[list[dict]]]) -> dict:
-    finals = {m: [eval_points(r)[-1][2] for r in rs] for m, rs in runs.items()}
-    drawn = {m: [eval_points(r)[-1][1] for r in rs] for m, rs in runs.items()}
+def _last(rows, key):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return vals[-1] if vals else float("nan")
+
+
+def summarize(runs: dict[str, list[tuple[list[dict], dict]]]) -> dict:
+    """One mix: per method, the numbers of the table (mean and std over seeds)."""
+    drawn = {m: [eval_points(rows)[-1][1] for rows, _ in rs] for m, rs in runs.items()}
     budget = min(np.mean(v) for v in drawn.values())  # the smallest total any method drew
     out = {"equal_samples_budget": float(budget)}
     for m, rs in runs.items():
-        at_budget = [acc_at_samples(r, budget) for r in rs]
-        zv = [np.mean([x["zero_variance_share"] for x in r if "zero_variance_share" in x]) for r in rs]
-        spp = [np.mean([x["samples_per_prompt"] for x in r if "samples_per_prompt" in x]) for r in rs]
-        first = [eval_points(r)[0][2] for r in rs]
+        finals = [eval_points(rows)[-1][2] for rows, _ in rs]
+        at_budget = [acc_at_samples(rows, budget) for rows, _ in rs]
         out[m] = {
-            "final_eval_accuracy": float(np.mean(finals[m])),
-            "final_eval_accuracy_std": float(np.std(finals[m])),
-            "initial_eval_accuracy": float(np.mean(first)),
-            "samples_drawn": float(np.mean(drawn[m])),
+            "final_eval_accuracy": float(np.mean(finals)),
+            "final_eval_accuracy_std": float(np.std(finals)),
+            "initial_eval_accuracy": float(np.mean([eval_points(rows)[0][2] for rows, _ in rs])),
             "eval_accuracy_at_equal_samples": float(np.nanmean(at_budget)),
             "eval_accuracy_at_equal_samples_std": float(np.nanstd(at_budget)),
-            "zero_variance_share_mean": float(np.mean(zv)),
-            "samples_per_prompt_mean": float(np.mean(spp)),
+            "samples_drawn": float(np.mean(drawn[m])),
+            "zero_variance_share": float(np.mean([np.mean([r["zero_variance_share"] for r in rows
+                                                           if "zero_variance_share" in r])
+                                                  for rows, _ in rs])),
+            "final_entropy": float(np.mean([_last(rows, "entropy") for rows, _ in rs])),
+            "wall_clock_s": float(np.mean([s["seconds"] for _, s in rs])),
             "seeds": len(rs),
         }
     return out
 
 
 def table(summary: dict) -> str:
-    lines = [
-        f"| method | eval acc (final, equal steps) | eval acc at {summary['equal_samples_budget']:.0f} samples "
-        "| samples drawn | zero-variance share | samples/prompt |",
-        "|---|---|---|---|---|---|",
-    ]
-    for m in COMPARED:
-        s = summary[m]
-        lines.append(
-            f"| {m} | {s['final_eval_accuracy']:.3f} ± {s['final_eval_accuracy_std']:.3f} "
-            f"| {s['eval_accuracy_at_equal_samples']:.3f} ± {s['eval_accuracy_at_equal_samples_std']:.3f} "
-            f"| {s['samples_drawn']:.0f} | {s['zero_variance_share_mean']:.3f} "
-            f"| {s['samples_per_prompt_mean']:.1f} |")
-    return "\n".join(lines) + "\n"
+    lines = []
+    for mix, s in summary.items():
+        lines += [
+            f"**{mix}** (pass-rate range {MIXES[mix]})\n",
+            f"| method | eval acc (final, equal steps) | eval acc at {s['equal_samples_budget']:.0f} "
+            "samples | samples drawn | zero-variance share | final entropy | wall clock (s) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for m in COMPARED:
+            r = s[m]
+            lines.append(
+                f"| {m} | {r['final_eval_accuracy']:.3f} ± {r['final_eval_accuracy_std']:.3f} "
+                f"| {r['eval_accuracy_at_equal_samples']:.3f} ± "
+                f"{r['eval_accuracy_at_equal_samples_std']:.3f} | {r['samples_drawn']:.0f} "
+                f"| {r['zero_variance_share']:.3f} | {r['final_entropy']:.3f} "
+                f"| {r['wall_clock_s']:.0f} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
-def plot(runs: dict[str, list[list[dict]]], path: str) -> None:
+PANELS = (  # (metric, x axis, title)
+    ("eval_accuracy", "step", "held-out accuracy vs step"),
+    ("eval_accuracy", "samples_total", "held-out accuracy vs samples drawn"),
+    ("eval_accuracy", "wall_s", "held-out accuracy vs training seconds"),
+    ("reward_round0_mean", "step", "policy accuracy on its batch (first round)"),
+    ("entropy", "step", "entropy per response token"),
+    ("lacking_pos_share_round0", "step", "share short of n/2 correct after round 1"),
+    ("lacking_neg_share_round0", "step", "share short of n/2 wrong after round 1"),
+    ("samples_per_prompt", "step", "responses drawn per prompt"),
+)
+X_LABELS = {"step": "step", "samples_total": "samples drawn", "wall_s": "seconds (collect + update)"}
+
+
+def plot(runs: dict[str, list[tuple[list[dict], dict]]], path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # pool_reward_mean (share positive over everything drawn) compares methods; reward_mean is
-    # over the kept group, which balanced down-sampling pins near 0.5 for Ada-balance.
-    panels = [("pool_reward_mean", "step"), ("eval_accuracy", "step"), ("eval_accuracy", "samples_total"),
-              ("zero_variance_share", "step"), ("samples_per_prompt", "step")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
-    for ax, (key, x) in zip(axes, panels, strict=True):
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
+    for ax, (key, x, name) in zip(axes.flat, PANELS, strict=True):
         for m, rs in runs.items():
-            curves = [series(r, key, x=x) for r in rs]
+            curves = [series(with_clock(rows), key, x=x) for rows, _ in rs]
             curves = [c for c in curves if len(c[0])]
             if not curves:
                 continue
             n = min(len(c[0]) for c in curves)
             xs = np.mean([c[0][:n] for c in curves], axis=0)
             ys = np.array([c[1][:n] for c in curves])
+            if key != "eval_accuracy" and n > 20:  # per-step series: a 10-step moving mean
+                kernel = np.ones(10) / 10
+                xs = np.convolve(xs, kernel, "valid")
+                ys = np.array([np.convolve(y, kernel, "valid") for y in ys])
             ax.plot(xs, ys.mean(0), label=m)
             ax.fill_between(xs, ys.mean(0) - ys.std(0), ys.mean(0) + ys.std(0), alpha=0.2)
-        ax.set_xlabel("samples drawn" if x == "samples_total" else "step")
-        ax.set_title(key)
+        ax.set_xlabel(X_LABELS[x])
+        ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0].legend()
+    axes.flat[0].legend()
+    fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
@@ -146,21 +196,29 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", required=True)
     p.add_argument("--config", default="configs/default.py")
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--mixes", default="easy,hard", help=f"comma-separated, of {sorted(MIXES)}")
     args = p.parse_args(rest)
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    args.mixes = [m for m in args.mixes.split(",") if m]
+    unknown = [m for m in args.mixes if m not in MIXES]
+    if unknown:
+        print(f"error: --mixes {unknown} not in {sorted(MIXES)}", file=sys.stderr)
+        return 2
     try:
         runs = run_all(args, overrides)
     except cfglib.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = summarize(runs)
+    summary = {mix: summarize(r) for mix, r in runs.items()}
     os.makedirs(args.workdir, exist_ok=True)
     with open(os.path.join(args.workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     text = table(summary)
     with open(os.path.join(args.workdir, "table.md"), "w") as f:
         f.write(text)
-    plot(runs, os.path.join(args.workdir, "compare.png"))
+    for mix, r in runs.items():
+        plot(r, os.path.join(args.workdir, f"compare_{mix}.png"),
+             f"{mix} prompts (pass rate {MIXES[mix]}), {len(args.seeds)} seeds, mean ± std")
     print(text)
     return 0
 

@@ -93,6 +93,13 @@ def test_rounds_match_reference(prompts, rule):
     assert sum(r["samples"] for r in out.rounds) == out.metrics["samples"] == sum(w[0] for w in want)
     # rounds never leave requests late
     assert out.metrics["late_samples"] == 0
+    # after each round, the round's prompts short of a balanced group's positives / negatives
+    table = outcomes(prompts, pol, cfg.budget)
+    for r, rd in enumerate(out.rounds):
+        pools = [table[p][:3 * (r + 1)] for p in range(len(prompts)) if want[p][0] > 3 * r]
+        assert rd["active_prompts"] == len(pools)
+        assert rd["lacking_pos"] == sum(sum(x > THR for x in q) < 2 for q in pools)
+        assert rd["lacking_neg"] == sum(sum(x <= THR for x in q) < 2 for q in pools)
 
 
 def test_continuous_one_slot_is_sequential(prompts):

@@ -66,3 +66,20 @@ def test_readme_example_advantages_equal_the_steps(method, monkeypatch):
     if METHODS[method].normalize_std and collected.mixed.any():
         p = int(np.argmax(collected.mixed))
         assert np.std(readme_adv[p], ddof=1) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_update_effect_equals_numpy():
+    """The update diagnostics against a float64 NumPy reference."""
+    rng = np.random.default_rng(0)
+    before, after = rng.normal(size=12), rng.normal(size=12)
+    adv = np.array([0.5, -0.2, 0.0, 0.7, -0.4, -0.1, 0.0, 0.3, -0.3, 0.2, -0.6, 0.0])
+    mask = (rng.random((12, 7)) < 0.6).astype(np.float32)
+    got = jax.device_get(step._update_effect(np.float32(before), np.float32(after),
+                                             np.float32(adv), mask))
+    change, pos, neg = after - before, adv > 0, adv < 0
+    want = {"adv_pos_mean": adv[pos].mean(), "adv_neg_mean": adv[neg].mean(),
+            "logp_change_pos": change[pos].mean(), "logp_change_neg": change[neg].mean(),
+            "update_kl": -change.sum() / mask.sum()}
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert float(got[k]) == pytest.approx(v, rel=1e-5, abs=1e-6), k

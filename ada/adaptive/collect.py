@@ -39,6 +39,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -85,6 +86,7 @@ class CollectConfig:
     dynamic_sampling: bool = False  # DAPO: keep only mixed groups, draw more prompts
     max_prompt_batches: int = 8  # DAPO: prompt batches drawn per collection at most
     max_inflight_per_prompt: int = 0  # continuous: cap on one prompt's in-flight requests (0 = none)
+    overlap_scoring: bool = True  # rounds over a slot driver: score while the engine decodes
     failure_score: float = 0.0
 
     def __post_init__(self):
@@ -157,10 +159,11 @@ class DispatchPolicy:
         return out
 
 
-def drain(driver, requests: Sequence[SampleRequest], make_request=None) -> list:
-    """Run a list of requests through a slot driver to completion (a round's `generate`)."""
+def drain_steps(driver, requests: Sequence[SampleRequest], make_request=None) -> Iterator[list]:
+    """Run a list of requests through a slot driver to completion, yielding what each driver
+    step finished."""
     make_request = make_request or (lambda r: r)
-    pending, out, inflight = deque(requests), [], 0
+    pending, inflight = deque(requests), 0
     while pending or inflight:
         for _ in range(min(driver.free_slots(), len(pending))):
             driver.submit(make_request(pending.popleft()))
@@ -168,9 +171,13 @@ def drain(driver, requests: Sequence[SampleRequest], make_request=None) -> list:
         if inflight == 0:
             raise RuntimeError("the driver reports no free slots but holds none of our requests")
         got = driver.step()
-        out.extend(got)
         inflight -= len(got)
-    return out
+        yield got
+
+
+def drain(driver, requests: Sequence[SampleRequest], make_request=None) -> list:
+    """Run a list of requests through a slot driver to completion (a round's `generate`)."""
+    return [c for got in drain_steps(driver, requests, make_request) for c in got]
 
 
 @dataclasses.dataclass
@@ -208,6 +215,7 @@ class Collector:
         self.process_index, self.process_count = int(process_index), int(process_count)
         self.driver = driver
         self.make_request = make_request or (lambda r: r)
+        self._drains = generate is None and driver is not None  # rounds step the driver
         if generate is None and driver is not None:
             generate = lambda reqs: drain(driver, reqs, self.make_request)  # noqa: E731
         self.generate = generate
@@ -240,18 +248,25 @@ class Collector:
 
     # ------------------------------------------------------------------ internals
 
-    def _ingest(self, pool: Pool, prompts, offset, completions, counters) -> list[tuple[int, float]]:
-        """Score completions and add them to the pool; returns (row, reward) per completion."""
+    def _score(self, prompts, offset, completions) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """(row, reward, failed) of each completion."""
         rows = []
         for c in completions:
             p = int(c.prompt_id) - offset
-            if not 0 <= p < pool.num_prompts:
+            if not 0 <= p < len(prompts):
                 raise ValueError(f"completion has prompt_id={c.prompt_id}, not a request of this "
-                                 f"collection (rows {offset}..{offset + pool.num_prompts - 1})")
+                                 f"collection (rows {offset}..{offset + len(prompts) - 1})")
             rows.append(p)
         responses = [c.text if self.reward_input == "text" else c for c in completions]
         rewards, failed = score(self.reward_fn, [prompts[p] for p in rows], responses,
                                 failure_score=self.config.failure_score)
+        return rows, rewards, failed
+
+    def _ingest(self, pool: Pool, prompts, offset, completions, counters,
+                scored=None) -> list[tuple[int, float]]:
+        """Score completions (unless `scored` already holds their `_score`) and add them to
+        the pool; returns (row, reward) per completion."""
+        rows, rewards, failed = scored or self._score(prompts, offset, completions)
         counters["reward_failures"] += int(failed.sum())
         for p, c, r in zip(rows, completions, rewards, strict=True):
             pool.add(p, int(c.sample_idx), float(r), c)
@@ -284,18 +299,45 @@ class Collector:
             t0 = time.perf_counter()
             reqs = [SampleRequest(int(p) + offset, pool.next_sample_idx(int(p)), prompts[p])
                     for p in active for _ in range(cfg.samples_per_round)]
-            completions = list(self.generate(reqs))
+            completions, scored = self._generate_scored(reqs, prompts, offset)
             if len(completions) != len(reqs):
                 raise RuntimeError(f"generate returned {len(completions)} completions for "
                                    f"{len(reqs)} requests; it must answer every request")
-            rewards = [r for _, r in self._ingest(pool, prompts, offset, completions, counters)]
+            rewards = [r for _, r in self._ingest(pool, prompts, offset, completions, counters,
+                                                  scored)]
             newly = self._done(pool) & ~done
             done |= newly
             out.append(dict(round=r, active_prompts=int(active.size), completed=int(newly.sum()),
                             finished=int(done.sum()), samples=len(reqs),
+                            **self._lacking(pool, active),
                             reward_mean=float(np.mean(rewards)),
                             seconds=time.perf_counter() - t0))
         return out
+
+    def _lacking(self, pool: Pool, prompts) -> dict:
+        """Of `prompts`, how many still lack the positives / negatives of a balanced group
+        (n // 2 and n - n // 2) after their draws so far: the paper's sampling dynamics
+        (early in training positives are missing, late negatives)."""
+        n = self.config.n
+        pos, neg = np.asarray(pool.stats.pos)[prompts], np.asarray(pool.stats.neg)[prompts]
+        return dict(lacking_pos=int(np.sum(pos < n // 2)), lacking_neg=int(np.sum(neg < n - n // 2)))
+
+    def _generate_scored(self, reqs, prompts, offset) -> tuple[list, tuple | None]:
+        """A round's completions, and with `overlap_scoring` over a slot driver their `_score`:
+        each driver step's completions are scored on a thread while the driver decodes on.
+        The pool takes the round whole either way, in completion order, so the exit
+        decisions and the collected batch do not change (tests/test_overlap.py)."""
+        if not (self.config.overlap_scoring and self._drains):
+            return list(self.generate(reqs)), None
+        completions, parts = [], []
+        with ThreadPoolExecutor(max_workers=1) as scorer:
+            for got in drain_steps(self.driver, reqs, self.make_request):
+                completions.extend(got)
+                parts.append(scorer.submit(self._score, prompts, offset, got))
+            parts = [f.result() for f in parts]
+        return completions, ([p for rows, _, _ in parts for p in rows],
+                             np.concatenate([r for _, r, _ in parts]),
+                             np.concatenate([f for _, _, f in parts]))
 
     def _run_continuous(self, prompts, pool: Pool, offset, counters) -> list[dict]:
         cfg, drv, s = self.config, self.driver, pool.stats
@@ -321,6 +363,7 @@ class Collector:
                     done[p] = True
         return [dict(round=0, active_prompts=pool.num_prompts, completed=int(done.sum()),
                      finished=int(done.sum()), samples=int(pool.dispatched.sum()),
+                     **self._lacking(pool, np.arange(pool.num_prompts)),
                      reward_mean=float(np.mean(rewards)) if rewards else 0.0,
                      seconds=time.perf_counter() - t0, driver_steps=steps)]
 

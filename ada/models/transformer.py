@@ -341,6 +341,7 @@ def forward(
     remat: bool = False,
     return_hidden: bool = False,
     attend_len: int | None = None,
+    unroll: bool = False,
 ):
     """Run the model on T new tokens per row.
 
@@ -353,6 +354,9 @@ def forward(
       remat: rematerialise each block in the backward pass (saves activation memory).
       return_hidden: return the final normed hidden states [B, T, D] instead of logits (the
         training loss projects them in chunks so [B, T, V] never has to exist at once).
+      unroll: without a cache, run the blocks in a Python loop over per-layer slices, not
+        under `lax.scan`: no stacked per-layer residuals to fill and slice in the backward
+        pass (faster at small depth), at a compile time that grows with depth.
       attend_len: with a cache, attend to cache positions [0, attend_len) only (static; the
         decode engine's window buckets). Every row whose output matters must have its new
         tokens inside the window (cache.end + T <= attend_len); the cache is written in
@@ -388,7 +392,7 @@ def forward(
     x = params["embed"].astype(c.compute_dtype)[tokens_BxT]
     layers = params["layers"]
 
-    if cache is None and not isinstance(layers, list | tuple):
+    if cache is None and not unroll and not isinstance(layers, list | tuple):
         def body(x, layer):
             return _block(x, layer, None, ctx, c)[0], None
 

@@ -64,6 +64,11 @@ class TrainConfig:
     micro_batches: int = 1  # gradient-accumulation splits of each mini-batch
     remat: bool = False  # rematerialise each transformer block in the backward pass
     logit_chunk: int = 512  # tokens per chunk of the [B, chunk, V] logits
+    # Models of at most this many layers run their blocks unrolled, not under lax.scan: the
+    # backward pass then skips filling and slicing stacked per-layer residuals (~10% of a
+    # small model's update on CPU, docs/results.md); deeper ones scan, so compile time stays
+    # flat in depth.
+    unroll_layers: int = 8
     # The sampler's temperature: log-probs and entropy are of softmax(logits / T), the
     # distribution sampled from. Greedy sampling (T = 0) trains on the raw distribution: pass 1.
     temperature: float = 1.0
@@ -75,6 +80,9 @@ class TrainConfig:
         if not self.temperature > 0:
             raise ValueError(f"TrainConfig.temperature={self.temperature} must be > 0 (for "
                              "greedy sampling, temperature 0, train at 1.0)")
+
+    def unroll(self, model_cfg: ModelConfig) -> bool:
+        return model_cfg.num_layers <= self.unroll_layers
 
     @property
     def on_policy(self) -> bool:
@@ -99,16 +107,19 @@ def init_state(params, config: TrainConfig) -> TrainState:
 
 
 def token_logp(params, model_cfg: ModelConfig, batch, *, chunk: int, remat: bool = False,
-               mesh=None, temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+               mesh=None, temperature: float = 1.0,
+               unroll: bool = False) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies [B, T] of softmax(logits / temperature), the
     sampler's distribution (see the alignment convention above).
 
     The vocabulary projection runs over chunks of `chunk` positions under `jax.checkpoint`,
-    so neither the forward nor the backward pass holds more than [B, chunk, V] logits.
+    so neither the forward nor the backward pass holds more than [B, chunk, V] logits. When
+    the whole sequence fits one chunk there is nothing to save: no checkpoint, no loop.
+    `unroll`: the blocks in a Python loop (`forward`).
     """
     tokens = batch["tokens"]
     hidden_BxTxD, _ = forward(params, model_cfg, tokens, batch["positions"], batch["mask"],
-                              remat=remat, return_hidden=True)
+                              remat=remat, return_hidden=True, unroll=unroll)
     hidden_BxTxD = shd.constrain_batch(hidden_BxTxD, mesh)
     B, T, D = hidden_BxTxD.shape
     if T < 2:
@@ -116,6 +127,10 @@ def token_logp(params, model_cfg: ModelConfig, batch, *, chunk: int, remat: bool
     n = T - 1
     C = min(chunk, n)
     chunks = -(-n // C)
+    if chunks == 1:
+        logp, ent = logp_and_entropy(project_logits(params, model_cfg, hidden_BxTxD[:, :-1]),
+                                     tokens[:, 1:], temperature)
+        return jnp.pad(logp, ((0, 0), (1, 0))), jnp.pad(ent, ((0, 0), (1, 0)))
     pad = chunks * C - n
     h = jnp.pad(hidden_BxTxD[:, :-1], ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
@@ -183,7 +198,8 @@ def check_batch(batch, config: TrainConfig, mesh=None, required=REQUIRED_KEYS) -
 
 def loss_fn(params, micro, denoms, model_cfg: ModelConfig, config: TrainConfig, mesh=None):
     logp, entropy = token_logp(params, model_cfg, micro, chunk=config.logit_chunk,
-                               remat=config.remat, mesh=mesh, temperature=config.temperature)
+                               remat=config.remat, mesh=mesh, temperature=config.temperature,
+                               unroll=config.unroll(model_cfg))
     old = jax.lax.stop_gradient(logp) if config.on_policy else micro["old_logp"]
     return policy_loss(logp, old, micro["advantages"], micro["response_mask"], config.loss,
                        entropy_BxT=entropy, ref_logp_BxT=micro.get("ref_logp"), denoms=denoms)
@@ -274,7 +290,8 @@ def compute_logp(params, batch, model_cfg: ModelConfig, config: TrainConfig, mes
 
     def one(micro):
         return token_logp(params, model_cfg, micro, chunk=config.logit_chunk, mesh=mesh,
-                          temperature=config.temperature)[0]
+                          temperature=config.temperature,
+                          unroll=config.unroll(model_cfg))[0]
 
     return _merge(jax.lax.map(one, groups)[None])
 

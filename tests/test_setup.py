@@ -1,0 +1,87 @@
+"""Setup pieces that shape what a run trains on: the warm start's (noisy) teacher and the
+pass-rate filter behind the easy / hard prompt sets."""
+
+import collections
+import types
+
+import pytest
+
+from ada import config as C
+from ada import setup
+from ada.config import ConfigError
+
+
+class CharTokenizer:
+    eos_id = 0
+
+    def encode(self, text):
+        return [ord(ch) for ch in text]
+
+
+def arithmetic_task(records):
+    return setup.Task(records, [], None, lambda r: " " + r["answer"], "arithmetic")
+
+
+def test_noisy_teacher_answers_near_misses_in_the_stated_share():
+    records = [{"id": f"r{i}", "answer": a, "prompt_tokens": [i]}
+               for i, a in enumerate(["7", "-3", "120", "0"])]
+    tok, task = CharTokenizer(), arithmetic_task(records)
+    exact = setup.warm_start_examples(records, task, tok, 0.0, seed=0)
+    assert exact == [([i], tok.encode(" " + r["answer"]) + [0]) for i, r in enumerate(records)]
+
+    noisy = setup.warm_start_examples(records, task, tok, 0.6, seed=0)
+    by_prompt = collections.defaultdict(list)
+    for prompt, target in noisy:
+        by_prompt[prompt[0]].append("".join(map(chr, target[:-1])).strip())
+    for i, r in enumerate(records):
+        answers = by_prompt[i]
+        assert len(answers) == setup.TEACHER_COPIES
+        assert answers.count(r["answer"]) == 2  # round((1 - 0.6) * 5)
+        misses = sorted(int(a) - int(r["answer"]) for a in answers if a != r["answer"])
+        assert len(set(misses)) == 3 and set(misses) <= set(setup.NEAR_MISSES)
+    assert noisy == setup.warm_start_examples(records, task, tok, 0.6, seed=0)
+
+
+def test_teacher_noise_is_validated():
+    c = C.build_config("configs/default.py", [("warmstart.teacher_noise", "1.0")])
+    with pytest.raises(ConfigError, match="warmstart.teacher_noise"):
+        C.validate(c)
+    c = C.build_config("configs/default.py", [("data.source", "countdown"),
+                                              ("warmstart.teacher_noise", "0.5")])
+    with pytest.raises(ConfigError, match="only for data.source=arithmetic"):
+        C.validate(c)
+
+
+class FakeRollout:
+    """Prompt i's j-th draw is right iff j < its number of correct draws; counts calls."""
+
+    def __init__(self, correct_of):
+        self.correct_of, self.calls = correct_of, 0
+
+    def reward(self, record, text):
+        return float(text == "right")
+
+    def sample(self, params, records, k, key, first_id):
+        self.calls += 1
+        return [[types.SimpleNamespace(text="right" if j < self.correct_of[r["id"]] else "wrong")
+                 for j in range(k)] for r in records]
+
+
+def test_pass_rate_filter_keeps_the_range_and_caches(tmp_path):
+    k = 8
+    records = [{"id": f"p{i}", "problem": f"q{i}", "answer": "a"} for i in range(40)]
+    correct_of = {r["id"]: i % (k + 1) for i, r in enumerate(records)}
+    c = C.build_config("configs/default.py", [
+        ("data.pass_rate_range", "(0.25, 0.5)"), ("data.pass_rate_samples", str(k)),
+        ("data.prompts_per_step", "4"), ("warmstart.cache_dir", str(tmp_path))])
+    rollout = FakeRollout(correct_of)
+    kept = setup.filter_by_pass_rate(c, records, None, rollout, {"path": "warm.msgpack"})
+    assert [r["id"] for r in kept] == [r["id"] for r in records
+                                       if 0.25 <= correct_of[r["id"]] / k <= 0.5]
+    calls = rollout.calls
+    again = setup.filter_by_pass_rate(c, records, None, rollout, {"path": "warm.msgpack"})
+    assert [r["id"] for r in again] == [r["id"] for r in kept] and rollout.calls == calls
+
+    c.data.prompts_per_step = len(kept) + 1
+    with pytest.raises(ConfigError, match="widen the range"):
+        setup.filter_by_pass_rate(c, records, None, rollout, {"path": "warm.msgpack"})
