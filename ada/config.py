@@ -327,7 +327,9 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
          f"data.pass_rate_range={(lo, hi)} needs 0 <= lo <= hi <= 1 and data.pass_rate_samples="
          f"{d.get('pass_rate_samples', 16)} >= 1")
     noise = config.warmstart.get("teacher_noise", 0.0)
-    need(0.0 <= noise < 1.0 and (noise == 0.0 or d.source == "arithmetic"),
+    # (a warm start on a non-synthetic source is refused at setup, with its own message)
+    need(0.0 <= noise < 1.0 and not (noise and config.warmstart.enabled
+                                     and d.source == "countdown"),
          f"warmstart.teacher_noise={noise} must be in [0, 1), and > 0 only for "
          "data.source=arithmetic (near misses of an integer answer)")
     on_bad_row = d.get("on_bad_row", "raise")  # absent from runs older than the key

@@ -101,8 +101,9 @@ def step_metrics(collected: Collected, train_m: dict) -> dict:
     cm = collected.metrics
     local = np.concatenate([
         [P, kept_r.sum(), collected.group_valid.sum(), (~collected.mixed).sum(),
-         collected.samples.sum(), collected.done.sum(), sum(lengths), len(lengths),
-         cm.get("reward_failures", 0), collected.pool.pos.sum(),
+         # every response drawn (DAPO's discarded prompt batches too), not only kept rows'
+         cm.get("samples", collected.samples.sum()), collected.done.sum(), sum(lengths),
+         len(lengths), cm.get("reward_failures", 0), collected.pool.pos.sum(),
          (collected.pool.pos + collected.pool.neg).sum(), cm.get("round0_reward_sum", 0.0),
          cm.get("round0_samples", 0)], active, lack_pos, lack_neg]).astype(np.float64)
     rounds_per_process = distributed.allgather(np.int64(len(collected.rounds)))

@@ -159,6 +159,9 @@ def test_dapo_fills_with_mixed_groups():
     assert out.mixed.all() and out.metrics["unfilled"] == 0
     assert out.metrics["samples"] == 4 * out.metrics["prompts_drawn"]
     assert out.metrics["prompt_batches"] > 1
+    # the step logs every draw as sampling cost, the discarded batches' too
+    from ada.step import step_metrics
+    assert step_metrics(out, {})["samples"] == out.metrics["samples"] > out.samples.sum()
     assert len({p.uid for p in out.prompts}) == 16
     for p, comps in zip(out.prompts, out.completions, strict=False):  # groups stay with their prompt
         assert [float(c.text) for c in comps] == [

@@ -51,6 +51,7 @@ def test_summary_fields_and_equal_sample_accuracy(tmp_path):
         assert np.isfinite(a[key]) and np.isfinite(g[key])
     clocked = compare.with_clock(runs["grpo"][0][0])
     assert [r["wall_s"] for r in clocked[:3]] == [0.0, 1.5, 3.0]
+    assert [r["samples_total"] for r in clocked[:3]] == [0, 32, 64]
 
     compare.plot(runs, str(tmp_path / "c.png"), "test")
     assert os.path.getsize(tmp_path / "c.png") > 10_000
