@@ -361,6 +361,9 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     s = config.sampling
     need(s.temperature >= 0, f"sampling.temperature={s.temperature} must be >= 0")
     need(s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens} must be >= 1")
+    need(s.num_slots >= 1 and s.chunk_size >= 1,
+         f"sampling.num_slots={s.num_slots} and sampling.chunk_size={s.chunk_size} must be >= 1 "
+         "(decode slots; decode steps per jitted chunk)")
     need(0 < s.top_p <= 1, f"sampling.top_p={s.top_p} must be in (0, 1]")
     if "num_windows" in s:  # absent from the config.json of runs older than the key
         need(s.num_windows >= 1,

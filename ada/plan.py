@@ -12,16 +12,17 @@ host's `sampling.mesh`. `--topology` compiles with the real TPU compiler (libtpu
 'ada[tpu]') for abstract chips, `--devices N` with XLA:CPU (its `temp` only guesses a TPU's).
 
 Reported per device: each phase's arguments, outputs, temp and the compiler's peak (a TPU
-compile past HBM fails and its error names the peak); max_num_slots, the most slots whose
-sampler (weights + KV cache + generate temp) fits a chip (`max_slots`); and an ESTIMATE, the
-roofline lower bound on time from the compiler's flops and bytes accessed over the chip's
-peak FLOP/s and HBM bandwidth (XLA counts a loop body once, so from loop-free probes:
-`train_probe`, and one decode step times chunk_size).
+compile past HBM fails and its error names the peak); `held`, the train state that stays on
+the chip beside the reshard, prefill and generate (a phase fits when peak + held does);
+max_num_slots, the most slots whose sampler (weights + KV cache + generate temp) fits a chip
+beside that state (`max_slots`); and an ESTIMATE, the roofline lower bound on time from the
+compiler's flops and bytes accessed over the chip's peak FLOP/s and HBM bandwidth (XLA counts
+a loop body once, so from loop-free probes: `train_probe`, and one decode step x chunk_size).
 
 Exit status: 0 every phase fits (or no HBM to compare with), 1 some phase does not (the JSON
-is written), 2 a user error, one `error: ...` line and nothing written: a bad config,
-topology or mesh, or prompt + response past the model's context, before anything compiles;
-sampling.num_slots above max_num_slots after the report (only compiling can tell).
+is written), 2 a user error, one `error: ...` line and nothing written: before anything
+compiles, a bad config, topology or mesh, prompt + response past the model's context, or a
+KV cache past HBM by itself (`check_slots`); after the report, num_slots above max_num_slots.
 """
 
 from __future__ import annotations
@@ -58,61 +59,19 @@ from ada.rl import train as rl
 from ada.sampling.engine import Engine
 from ada.sampling.samplers import SamplingConfig
 from ada.tokenizer import load_tokenizer
+from ada.tpu import CHIPS, SliceError, parse_topology, tpu_devices
 
 GIB = 2 ** 30
-# Per chip, from cloud.google.com/tpu/docs/<chip>: bf16 FLOP/s, HBM GiB, HBM bytes/s.
-CHIPS = {"v4": (275e12, 32, 1200e9), "v5e": (197e12, 16, 819e9),
-         "v5p": (459e12, 95, 2765e9), "v6e": (918e12, 32, 1640e9)}
-_2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
-_3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8")
-TOPOLOGIES = {"v5e": _2D, "v6e": _2D, "v4": _3D, "v5p": _3D}  # v4, v5p: a device per chip
 _OOM = re.compile(r"required for HLO temporaries \(([\d.]+)(\w?)\w*\) exceeds available HBM "
                   r"\(([\d.]+)(\w?)\w*\)|Used ([\d.]+)(\w?)\w* of ([\d.]+)(\w?)\w* hbm")
 
 
-class LibtpuUnavailable(ConfigError):
-    """libtpu is missing or cannot start, so --topology cannot compile."""
-
-
-def parse_topology(name: str) -> str:
-    """The chip of a known slice name ('v5e:4x4' -> 'v5e')."""
-    chip, _, shape = name.partition(":")
-    if shape not in TOPOLOGIES.get(chip, ()):
-        known_ = "; ".join(f"{c}:{'|'.join(s)}" for c, s in TOPOLOGIES.items())
-        raise ConfigError(f"unknown topology {name!r}; known: {known_}")
-    return chip
-
-
-def tpu_devices(name: str) -> tuple[list, list]:
-    """Compile-only devices of a slice, and one host's chips as a slice of their own (a
-    program on part of a slice cannot compile its collectives). Up to 8 v5e / v6e chips are
-    one host; other slices have 4 chips per host, as Cloud TPU VMs do."""
-    chip, shape = parse_topology(name), name.partition(":")[2]
-    host = "2x2x1" if chip in ("v4", "v5p") else shape if shape in _2D[:3] else "2x2"
-    bounds = tuple(int(d) for d in host.split("x")) + (1,) * (chip in ("v5e", "v6e"))
-    kw = dict(chip_config_name="megacore") if chip in ("v4", "v5p") else {}
-    # Compiling only: share libtpu with other processes, and give it placeholders for the TPU
-    # VM's variables it would otherwise complain about (the topology is named explicitly).
-    for k, v in dict(ALLOW_MULTIPLE_LIBTPU_LOAD="1", TPU_SKIP_MDS_QUERY="1",
-                     TPU_WORKER_HOSTNAMES="localhost", TPU_ACCELERATOR_TYPE="v5litepod-4").items():
-        os.environ.setdefault(k, v)
-    try:
-        from jax.experimental import topologies
-
-        slices = [list(topologies.get_topology_desc(
-            platform="tpu", topology_name=f"{chip.replace('v5p', 'v5')}:{s}",
-            chips_per_host_bounds=bounds, **kw).devices) for s in dict.fromkeys((shape, host))]
-        return slices[0], slices[-1]
-    except Exception as e:  # any failure here means libtpu is not usable
-        raise LibtpuUnavailable(f"libtpu cannot load ({type(e).__name__}: "
-                                f"{(str(e) or '?').splitlines()[0][:200]}); pip install "
-                                "'ada[tpu]' or plan on --devices N") from None
-
-
 def cpu_devices(n: int) -> list:
+    if n < 1:
+        raise ConfigError(f"--devices {n}: give 1 or more fake CPU devices")
     with contextlib.suppress(RuntimeError):  # the backend already started: use what exists
-        jax.config.update("jax_num_cpu_devices", max(n, 1))
-    if not 1 <= n <= len(jax.devices()):
+        jax.config.update("jax_num_cpu_devices", n)
+    if n > len(jax.devices()):
         raise ConfigError(f"--devices {n}: give 1 to {len(jax.devices())} (jax already runs "
                           "with that many CPU devices; a fresh process can have more)")
     return jax.devices()[:n]
@@ -286,9 +245,9 @@ def make_engine(config, model_cfg, mesh, num_slots: int) -> Engine:
     """The engine setup.make_engine builds, on `mesh` (no EOS ids: no compiled shape
     depends on them)."""
     s = config.sampling
-    if num_slots % mesh.shape["data"]:
+    if num_slots < 1 or num_slots % mesh.shape["data"]:
         raise ConfigError(f"sampling.num_slots={num_slots} does not split over sampling.mesh "
-                          f"data={mesh.shape['data']}; use a multiple of {mesh.shape['data']}")
+                          f"data={mesh.shape['data']}; use a positive multiple of it")
     prompt_len = 1 << max(0, (config.data.max_prompt_len - 1).bit_length())
     return Engine(model_cfg, num_slots=num_slots, max_prompt_len=prompt_len,
                   max_new_tokens=s.max_new_tokens, chunk_size=s.chunk_size, mesh=mesh,
@@ -328,7 +287,22 @@ def plan_generate(engine, params, num_steps: int | None = None) -> dict:
                 shape=f"{engine.num_slots} slots x {K} steps, cache {engine.cache_len}")
 
 
-fits = lambda fig, hbm: not fig.get("over_hbm") and fig["peak_bytes"] <= hbm
+fits = lambda f, hbm: not f.get("over_hbm") and f["peak_bytes"] + f.get("held_bytes", 0) <= hbm
+
+
+def check_slots(engine, params, held: int, hbm: float) -> None:
+    """Before any compile: num_slots whose KV cache alone is past HBM, beside the sampler's
+    weights and the train state (`held`), says how many could fit (compiling tells)."""
+    cache = device_bytes(with_shardings(jax.eval_shape(engine.init_decode_state),
+                                        engine.state_shardings()))
+    n, d, room = engine.num_slots, engine.mesh.shape["data"], hbm - held - device_bytes(params)
+    if cache > room:
+        most = max(int(room * n / cache) // d * d, 0)
+        raise ConfigError(
+            f"sampling.num_slots={n} cannot fit {hbm / GIB:g} GiB per chip: its KV cache takes "
+            f"{cache / GIB:.2f} GiB beside {(hbm - room) / GIB:.2f} GiB of train state and sampler "
+            f"weights; at most {most} could: pass --config.sampling.num_slots={most}"
+            + " and raise sampling.mesh tensor or mesh.fsdp" * (not most))
 
 
 def max_slots(generate_at, first: dict, step: int, hbm: float) -> tuple[int, str, dict | None]:
@@ -356,9 +330,6 @@ def max_slots(generate_at, first: dict, step: int, hbm: float) -> tuple[int, str
     return best, how + " (the last check did not fit)", None
 
 
-# ----------------------------------------------------------------------------- the plan
-
-
 def roofline_s(fig: dict, chip: str) -> float | None:
     """Seconds at the chip's peak FLOP/s or HBM bandwidth, whichever binds (None: no compile)."""
     peak, _, bandwidth = CHIPS[chip]
@@ -368,7 +339,7 @@ def roofline_s(fig: dict, chip: str) -> float | None:
 def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
     t, prefill, host = p["phases"]["train"], p["phases"]["prefill"], p["chips_per_host"]
     rate = lambda tokens, s: s and tokens / host / s
-    train_s = (s := roofline_s(t["probe"], chip)) and s * p["epochs"] * t["mini_batches"] \
+    train_s = (s := roofline_s(t.get("probe", {}), chip)) and s * p["epochs"] * t["mini_batches"] \
         * t["micro_batches"]
     model_flops = (rl.train_flops_per_token(model_cfg, t["seq_len"]) * t["rows"] * t["seq_len"]
                    * p["epochs"] / p["devices"])
@@ -382,7 +353,7 @@ def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
 
 
 def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
-              hbm: float | None, log) -> dict:
+              hbm: float | None, log, train_estimate: bool) -> dict:
     """`host`: one host's devices (on CPU `devices` themselves, on TPU a one-host slice)."""
     n, first = len(devices), [d for d in devices if d.process_index == 0]
     m = config.mesh
@@ -394,6 +365,13 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
                                          [:data * tensor])  # as ada.sharding.local_mesh
     sampling_mesh, tc = mesh_on(host), setup.train_config(config)
     engine = make_engine(config, model_cfg, sampling_mesh, config.sampling.num_slots)
+    stacked = rl.abstract_state(model_cfg, rl.TrainConfig()).params
+    params = with_shardings(jax.eval_shape(engine._sampling_fn, stacked),
+                            engine.param_shardings(stacked))
+    held = device_bytes(rl.abstract_state(model_cfg, tc),  # stays on the chip through the rollout
+                        rl.make_train_fns(model_cfg, tc, train_mesh).state_sharding)
+    if hbm:
+        check_slots(engine, params, held, hbm)
     rows, seq = (config.data.prompts_per_step * config.adaptive.n,
                  engine.max_prompt_len + config.sampling.max_new_tokens)
     p = dict(devices=n, hosts=n // len(first), chips_per_host=len(first), epochs=tc.ppo_epochs,
@@ -402,13 +380,10 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
              fits=None, phases={})
     ph = p["phases"]
     log(f"compiling the train step ({rows} x {seq} tokens) ...")
-    ph["train"] = plan_train(model_cfg, tc, train_mesh, rows, seq, probe=chip is not None)
+    ph["train"] = plan_train(model_cfg, tc, train_mesh, rows, seq, probe=bool(chip and train_estimate))
     log("compiling the reshard and prefill ...")
-    stacked = rl.abstract_state(model_cfg, rl.TrainConfig()).params
     ph["reshard"] = plan_reshard(make_engine(config, model_cfg, mesh_on(first), engine.num_slots),
                                  stacked, train_mesh)
-    params = with_shardings(jax.eval_shape(engine._sampling_fn, stacked),
-                            engine.param_shardings(stacked))
     ph["prefill"] = plan_prefill(engine, params)
 
     def generate_at(slots, steps=None):
@@ -416,9 +391,11 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         return plan_generate(make_engine(config, model_cfg, sampling_mesh, slots), params, steps)
 
     ph["generate"] = generate_at(engine.num_slots)
+    ph["prefill"]["held_bytes"] = ph["generate"]["held_bytes"] = held
+    ph["reshard"]["held_bytes"] = held - ph["train"]["params_bytes"]  # it reads the params
     if hbm:
         p["max_num_slots"], p["max_num_slots_method"], checked = max_slots(
-            generate_at, ph["generate"], data, hbm)
+            generate_at, ph["generate"], data, hbm - held)
         p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]
         p["fits"] = all(fits(f, hbm) for f in ph.values())
     slots = engine.num_slots if fits(ph["generate"], hbm or math.inf) else p["max_num_slots"]
@@ -432,12 +409,12 @@ def report(p: dict, hbm: float | None) -> str:
     out = [f"{p['model']} on {p['topology'] or 'CPU'}: {p['devices']} devices, {p['hosts']} "
            f"host(s) of {p['chips_per_host']}; train mesh {p['train_mesh']}, sampling mesh per "
            f"host {p['sampling_mesh']}",
-           f"{'':8s} {'shape':38s} {'args':>7s} {'out':>7s} {'temp':>7s} {'peak':>7s}  GiB/device"]
+           f"{'GiB/device':47s} {'args':>7s} {'out':>7s} {'temp':>7s} {'peak':>7s} {'+ held':>7s}"]
     for name, f in p["phases"].items():
         out.append(f"{name:8s} {f['shape']:38s} {gib(f['arguments_bytes']):>7s} "
                    f"{gib(f.get('outputs_bytes')):>7s} {gib(f.get('temp_bytes')):>7s} "
-                   f"{gib(f['peak_bytes']):>7s}" + ("" if hbm is None else "  fits" if fits(f, hbm)
-                                                    else "  DOES NOT FIT"))
+                   f"{gib(f['peak_bytes']):>7s} {gib(f.get('held_bytes')):>7s}"
+                   + ("" if hbm is None else "  fits" if fits(f, hbm) else "  DOES NOT FIT"))
     if p["max_num_slots"] is not None:
         out.append(f"max num_slots: {p['max_num_slots']} ({p['max_num_slots_method']})")
     if e := p.get("estimate"):
@@ -463,19 +440,24 @@ def main(argv=None) -> int:
     ap.add_argument("--model", help="a known model's shapes (ada/models/known.py) instead")
     ap.add_argument("--hbm-gib", type=float, help="HBM to compare with (default: the chip's)")
     ap.add_argument("--json", help="write the plan to this file")
+    ap.add_argument("--no-train-estimate", action="store_true", help="skip the train step's "
+                    "roofline (its probe compiles take most of a plan's time)")
     try:
         overrides, rest = cfglib.parse_override_args(sys.argv[1:] if argv is None else argv)
         args = ap.parse_args(rest)
         config = cfglib.build_config(args.config, overrides)
         model_cfg = check_config(config, args.model)
         chip = args.topology and parse_topology(args.topology)
+        if args.hbm_gib is not None and args.hbm_gib <= 0:
+            raise ConfigError(f"--hbm-gib {args.hbm_gib:g}: give the GiB per chip, above 0")
         hbm = (args.hbm_gib or (CHIPS[chip][1] if chip else 0)) * GIB or None
         with contextlib.suppress(RuntimeError):  # this machine's backend: the TPUs only compile
             jax.config.update("jax_platforms", "cpu")
         devices, host = tpu_devices(args.topology) if chip else (cpu_devices(args.devices),) * 2
         p = make_plan(config, model_cfg, devices, host, args.topology or f"{args.devices} CPU "
-                      "devices", chip, hbm, functools.partial(print, flush=True))
-    except ConfigError as e:
+                      "devices", chip, hbm, functools.partial(print, flush=True),
+                      not args.no_train_estimate)
+    except (ConfigError, SliceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     p.update(model=args.model or os.path.basename(config.model.path.rstrip("/"))
@@ -486,9 +468,9 @@ def main(argv=None) -> int:
     print(report(p, hbm))
     if hbm and p["num_slots"] > p["max_num_slots"]:
         print(f"error: sampling.num_slots={p['num_slots']} does not fit {hbm / GIB:g} GiB per "
-              f"chip, at most {p['max_num_slots']} do: pass --config.sampling.num_slots="
-              f"{p['max_num_slots']}" + " (and raise sampling.mesh tensor: the weights alone do "
-              "not fit)" * (not p["max_num_slots"]), file=sys.stderr)
+              f"chip beside the train state, at most {p['max_num_slots']} do: pass --config."
+              f"sampling.num_slots={p['max_num_slots']}" + " (and raise sampling.mesh tensor or "
+              "mesh.fsdp: no slot fits)" * (not p["max_num_slots"]), file=sys.stderr)
         return 2
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(p, indent=2))

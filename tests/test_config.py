@@ -209,3 +209,12 @@ def test_paper_configs_fit_their_models_context(name):
     model_cfg = {"qwen25_math_1p5b": known.QWEN25_MATH_1_5B, "qwen25_math_7b": known.QWEN25_MATH_7B,
                  "llama32_3b": known.LLAMA32_3B, "qwen3_4b": known.QWEN3_4B}[name]
     setup.check_context_window(cfg, model_cfg)
+
+
+@pytest.mark.parametrize("key, value", [("sampling.num_slots", "0"), ("sampling.chunk_size", "0"),
+                                        ("data.pass_rate_range", "(0.5, 0.25)"),
+                                        ("data.pass_rate_samples", "0")])
+def test_sampler_and_prompt_set_settings_are_validated(key, value):
+    c = C.build_config(DEFAULT, [(key, value)])
+    with pytest.raises(C.ConfigError, match=key.split(".")[1]):
+        C.validate(c)

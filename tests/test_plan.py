@@ -3,17 +3,20 @@ a TPU slice (the real TPU compiler, via libtpu), and its one-line errors."""
 
 import json
 import math
+import os
 
 import jax
 import numpy as np
 import pytest
 
-from ada import plan
+from ada import config as cfglib
+from ada import plan, tpu
 from ada import sharding as shd
 from ada.models import init_params, param_shapes, positions_from_mask, preset
 from ada.models.known import QWEN25_MATH_7B
 from ada.rl.train import TrainConfig
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = preset("tiny", family="qwen3")
 TC = TrainConfig(mini_batches=2, micro_batches=2, logit_chunk=8)
 B, T = 16, 12
@@ -102,14 +105,19 @@ def test_cpu_plan(capsys, tmp_path):
     assert p["max_num_slots"] >= 32 and p["max_num_slots"] % 8 == 0
     assert p["max_num_slots_peak_bytes"] <= 0.005 * 2**30
     assert p["fits"] is True and "estimate" not in p  # no chip, no roofline
+    # the train state stays on the chip through the rollout: the sampling phases fit beside it
+    t, ph = p["phases"]["train"], p["phases"]
+    state = t["arguments_bytes"] - t["batch_bytes"]
+    assert ph["prefill"]["held_bytes"] == ph["generate"]["held_bytes"] == state
+    assert ph["reshard"]["held_bytes"] == state - t["params_bytes"]  # it reads the params
 
 
 def test_tpu_plan_compiles_every_phase(capsys, tmp_path):
     """The real TPU compiler on an abstract v5e:2x2 slice: every phase's figures, the slot
     search and the roofline estimate. Skipped only where libtpu cannot load."""
     try:
-        plan.tpu_devices("v5e:2x2")
-    except plan.LibtpuUnavailable as e:
+        tpu.tpu_devices("v5e:2x2")
+    except tpu.LibtpuUnavailable as e:
         pytest.skip(str(e))
     rc, out, _, p = run(capsys, tmp_path, "--topology", "v5e:2x2", "--hbm-gib", "0.05", *TINY)
     assert rc == 0, out
@@ -131,6 +139,12 @@ def test_tpu_plan_compiles_every_phase(capsys, tmp_path):
      "plan known shapes with --model qwen2.5-math-7b"),
     (["--devices", "8", "--model", "gpt-5"], "--model 'gpt-5' is not a known model"),
     (["--devices", "8", "--config.sampling.num_slots=12"], "num_slots=12 does not split"),
+    (["--devices", "8", "--config.sampling.num_slots=0"], "num_slots=0 does not split"),
+    (["--devices", "0"], "--devices 0: give 1 or more"),
+    (["--devices", "8", "--hbm-gib", "-1"], "--hbm-gib -1: give the GiB per chip, above 0"),
+    # a KV cache past HBM by itself is caught before compiling, with how many slots could fit
+    (["--devices", "8", "--hbm-gib", "0.005", "--config.sampling.num_slots=4096"],
+     "sampling.num_slots=4096 cannot fit 0.005 GiB per chip: its KV cache takes 0.25 GiB"),
 ])
 def test_bad_input_is_one_line_before_any_compile(capsys, tmp_path, monkeypatch, args, says):
     monkeypatch.setattr(plan, "compile_phase", lambda *a: pytest.fail("compiled"))
@@ -140,9 +154,37 @@ def test_bad_input_is_one_line_before_any_compile(capsys, tmp_path, monkeypatch,
 
 
 def test_too_many_slots_say_how_many_fit(capsys, tmp_path):
-    rc, out, err, p = run(capsys, tmp_path, "--devices", "8", "--hbm-gib", "0.001", *TINY,
-                          "--config.sampling.num_slots=4096")
+    """A KV cache that fits, but not with the generate's temporaries: only compiling tells."""
+    rc, out, err, p = run(capsys, tmp_path, "--devices", "8", "--hbm-gib", "0.005", *TINY,
+                          "--config.sampling.num_slots=1280")
     assert rc == 2 and p is None and "max num_slots" in out
     fit = out.split("max num_slots: ")[1].split()[0]
-    assert err == (f"error: sampling.num_slots=4096 does not fit 0.001 GiB per chip, at most "
-                   f"{fit} do: pass --config.sampling.num_slots={fit}\n")
+    assert 32 <= int(fit) < 1280
+    assert err == (f"error: sampling.num_slots=1280 does not fit 0.005 GiB per chip beside the "
+                   f"train state, at most {fit} do: pass --config.sampling.num_slots={fit}\n")
+
+
+# preset -> (its model's known shapes, the TPU slice it is laid out for)
+PRESETS = {"qwen25_math_1p5b": ("qwen2.5-math-1.5b", "v5e:2x2"),
+           "qwen25_math_7b": ("qwen2.5-math-7b", "v5e:4x4"),
+           "llama32_3b": ("llama-3.2-3b", "v5e:2x4"),
+           "qwen3_4b": ("qwen3-4b-instruct-2507", "v5e:2x4")}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_validate_on_their_slice(name):
+    """Each paper preset validates (context window included), its meshes divide its slice
+    (v5e: up to 8 chips are one host, else 4 per host), and its docstring and the README
+    give the planner command that chose its layout (README: the table of plans)."""
+    model, topology = PRESETS[name]
+    cfg = cfglib.load_config(os.path.join(ROOT, "configs", f"{name}.py"))
+    plan.check_config(cfg, model)
+    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    m = cfg.mesh
+    plan.mesh_sizes((m.data, m.fsdp, m.tensor), chips, "mesh", topology, exact=True)
+    data, _ = plan.mesh_sizes(cfg.sampling.mesh, chips if chips <= 8 else 4,
+                              "sampling.mesh", topology, exact=False)
+    assert cfg.sampling.num_slots % data == 0
+    command = f"python -m ada.plan --config configs/{name}.py --model {model} --topology {topology}"
+    config_src = open(os.path.join(ROOT, "configs", f"{name}.py")).read()
+    assert command in config_src and command in open(os.path.join(ROOT, "README.md")).read()
