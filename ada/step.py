@@ -57,12 +57,16 @@ def rl_step(state: TrainState, prompts: list[dict], key, *, rollout: Rollout, fn
     return state, metrics, collected
 
 
-@functools.lru_cache(maxsize=8)
 def _response_logp(fns: TrainFns):
     """jit: (params, batch) -> [B] log-probability of each row's response at the sampler's
-    temperature."""
+    temperature (one per model, train config and mesh: TrainFns itself is not hashable)."""
+    return _response_logp_for(fns.model, fns.config, fns.mesh)
+
+
+@functools.lru_cache(maxsize=8)
+def _response_logp_for(model, config, mesh):
     def f(params, batch):
-        logp = compute_logp(params, batch, fns.model, fns.config, fns.mesh)
+        logp = compute_logp(params, batch, model, config, mesh)
         return jnp.sum(logp * batch["response_mask"], axis=-1)
     return jax.jit(f)
 
