@@ -13,7 +13,6 @@ Every input is explicit, so the step runs the same in the loop, a benchmark or a
 
 from __future__ import annotations
 
-import functools
 import time
 
 import jax
@@ -23,7 +22,7 @@ import numpy as np
 from ada import distributed, methods
 from ada.adaptive.collect import Collected
 from ada.rl.batch import BatchLayout, build_train_batch, to_global
-from ada.rl.train import TrainFns, TrainState, compute_logp
+from ada.rl.train import TrainFns, TrainState
 from ada.rollout import Rollout
 
 ROUNDS_LOGGED = 64  # per-round counts kept per step (DAPO runs a few batches of N rounds)
@@ -46,29 +45,15 @@ def rl_step(state: TrainState, prompts: list[dict], key, *, rollout: Rollout, fn
     batch = fns.shard_batch(batch) if jax.process_count() == 1 else to_global(batch, fns.mesh)
     batch = fns.add_logps(state, batch, ref_params)
     if update_diagnostics:
-        logp_before = _response_logp(fns)(state.params, batch)
+        logp_before = fns.response_logp(state.params, batch)
     state, train_m = fns.train_step(state, batch)
     if update_diagnostics:
-        train_m = dict(train_m, **_update_effect(logp_before, _response_logp(fns)(
+        train_m = dict(train_m, **_update_effect(logp_before, fns.response_logp(
             state.params, batch), batch["advantages"], batch["response_mask"]))
     metrics = step_metrics(collected, jax.device_get(train_m))
     metrics["time_collect_s"] = t1 - t0
     metrics["time_update_s"] = time.perf_counter() - t1
     return state, metrics, collected
-
-
-def _response_logp(fns: TrainFns):
-    """jit: (params, batch) -> [B] log-probability of each row's response at the sampler's
-    temperature (one per model, train config and mesh: TrainFns itself is not hashable)."""
-    return _response_logp_for(fns.model, fns.config, fns.mesh)
-
-
-@functools.lru_cache(maxsize=8)
-def _response_logp_for(model, config, mesh):
-    def f(params, batch):
-        logp = compute_logp(params, batch, model, config, mesh)
-        return jnp.sum(logp * batch["response_mask"], axis=-1)
-    return jax.jit(f)
 
 
 @jax.jit

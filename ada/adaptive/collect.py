@@ -216,7 +216,7 @@ class Collector:
         self.driver = driver
         self.make_request = make_request or (lambda r: r)
         self._drains = generate is None and driver is not None  # rounds step the driver
-        if generate is None and driver is not None:
+        if self._drains:
             generate = lambda reqs: drain(driver, reqs, self.make_request)  # noqa: E731
         self.generate = generate
         if config.scheduler == "continuous" and driver is None:

@@ -308,6 +308,13 @@ def compute_logps(params, ref_params, batch, model_cfg: ModelConfig, config: Tra
     return {k: compute_logp(p, batch, model_cfg, config, mesh) for k, p in needed.items()}
 
 
+def response_logp(params, batch, model_cfg: ModelConfig, config: TrainConfig, mesh=None):
+    """[B] log-probability of each row's response, summed over its tokens (what the update
+    diagnostics compare before and after an update)."""
+    logp = compute_logp(params, batch, model_cfg, config, mesh)
+    return jnp.sum(logp * batch["response_mask"], axis=-1)
+
+
 # ----------------------------------------------------------------------------- jit + shardings
 
 
@@ -326,6 +333,7 @@ class TrainFns:
     state_sharding: Any
     train_step: Any  # (state, batch) -> (state, metrics)
     logps: Any  # (params, ref_params, batch) -> {old_logp, ref_logp} as needed (compute_logps)
+    response_logp: Any  # (params, batch) -> [B] each response's log-prob (response_logp)
     _init: Any
 
     def init_state(self, params) -> TrainState:
@@ -369,10 +377,11 @@ def make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh=None) -> Tr
 def _make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh) -> TrainFns:
     step = functools.partial(train_step, model_cfg=model_cfg, config=config, mesh=mesh)
     logps = functools.partial(compute_logps, model_cfg=model_cfg, config=config, mesh=mesh)
+    resp = functools.partial(response_logp, model_cfg=model_cfg, config=config, mesh=mesh)
     init = functools.partial(init_state, config=config)
     if mesh is None:
         return TrainFns(model_cfg, config, None, None, jax.jit(step, donate_argnums=0),
-                        jax.jit(logps), jax.jit(init))
+                        jax.jit(logps), jax.jit(resp), jax.jit(init))
 
     abstract = abstract_state(model_cfg, config)
     p_sh = shd.param_shardings(abstract.params, mesh)
@@ -390,6 +399,7 @@ def _make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh) -> TrainF
                 donate_argnums=0),
         jax.jit(logps, in_shardings=(p_sh, p_sh if config.loss.kl_coef > 0 else None,
                                      batch_sh), out_shardings=batch_sh),
+        jax.jit(resp, in_shardings=(p_sh, batch_sh), out_shardings=batch_sh),
         jax.jit(init, in_shardings=(p_sh,), out_shardings=state_sh),
     )
 
