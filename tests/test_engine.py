@@ -225,3 +225,24 @@ def test_sharded_equals_unsharded_and_temperature_logprobs(model):
     for c in plain[:3]:
         ref = model_logprobs(params, config, c.prompt_tokens, c.token_ids, temperature=0.6)
         np.testing.assert_allclose(c.logprobs, ref, atol=2e-5)
+
+
+def test_insert_many_equals_one_insert_per_request(model, sampler_engine):
+    """The driver's refill (one insert_many per prefix, padded to a power of two by
+    repeating the last request) leaves the decode state one insert per request leaves."""
+    _, params, _ = model
+    eng = sampler_engine
+    params = eng.prepare_params(params)
+    prefix = eng.prefill(params, prompts(3, seed=9))
+    step_key = jax.random.PRNGKey(4)
+    slots, rows, pids, sidxs, mnts = [2, 0, 3], [1, 0, 2], [7, 5, 7], [0, 3, 1], [24, 5, 9]
+
+    one = eng.init_decode_state()
+    for s, r, p, i, m in zip(slots, rows, pids, sidxs, mnts, strict=True):
+        one = eng.insert(prefix, one, s, row=r, key=eng.request_key(step_key, p, i),
+                         max_new_tokens=m)
+    many = eng.insert_many(prefix, eng.init_decode_state(), slots, rows, step_key, pids,
+                           sidxs, mnts)
+    assert 3 not in eng.insert_buckets  # three requests ran padded to a bucket of four
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(many), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

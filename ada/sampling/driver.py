@@ -236,14 +236,19 @@ class Driver:
                 for row, key in enumerate(part):
                     self._remember(key, prefix, row)
                     found[key] = (prefix, row)
+        # One insert call per prefix (prefill call) for all its requests.
+        by_prefix: dict[int, tuple[Prefix, list]] = {}
         for seq, r in take:
             prefix, row = found[(r.prompt_id, tuple(r.prompt_tokens))]
             slot = heapq.heappop(self._free)
-            key = self.engine.request_key(self.step_key, r.prompt_id, r.sample_idx)
             mnt = self.engine.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
-            self.state = self.engine.insert(prefix, self.state, slot, row=row, key=key,
-                                            max_new_tokens=mnt)
+            by_prefix.setdefault(id(prefix), (prefix, []))[1].append(
+                (slot, row, r.prompt_id, r.sample_idx, mnt))
             self._slots[slot] = _Slot(request=r, seq=seq, prompt_bucket=prefix.cache.max_len)
+        for prefix, entries in by_prefix.values():
+            slots, rows, pids, sidxs, mnts = zip(*entries, strict=True)
+            self.state = self.engine.insert_many(prefix, self.state, slots, rows,
+                                                 self.step_key, pids, sidxs, mnts)
 
     def _run_chunk(self) -> list[Completion]:
         b = bucket_for(max(self._slots) + 1, self.engine.slot_buckets)

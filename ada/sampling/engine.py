@@ -9,7 +9,8 @@ the model's KV cache:
   insert    copies one prefix row (k/v/valid/end, logits) into one decode slot and sets that
             slot's request (key, max new tokens). A prompt sampled M times is prefilled once
             and inserted into M slots. The slot is a traced index: refilling a finished slot
-            never recompiles (continuous batching).
+            never recompiles (continuous batching). `insert_many` does a refill's requests
+            in one call (the driver's path).
   generate  a chunk of K decode steps for the first `b` slots under `lax.scan` (sample from
             the slot's logits, then run the model on the sampled token). No host round trip
             inside the chunk; the host looks at the [b, K] tokens once per chunk.
@@ -180,6 +181,19 @@ def insert_fn(prefix: Prefix, state: DecodeState, slot, row, key, max_new) -> De
     )
 
 
+def insert_many_fn(prefix: Prefix, state: DecodeState, slots_I, rows_I, step_key, prompt_ids_I,
+                   sample_idxs_I, max_new_I) -> DecodeState:
+    """insert_fn for I requests in one call, their keys made on the device: one dispatch
+    per refill instead of two per request (host dispatch was most of a small model's
+    collection). A loop of in-place row copies, not a gather: no [I, prompt cache] copy."""
+    keys_I = jax.vmap(request_key, (None, 0, 0))(step_key, prompt_ids_I, sample_idxs_I)
+
+    def body(i, st):
+        return insert_fn(prefix, st, slots_I[i], rows_I[i], keys_I[i], max_new_I[i])
+
+    return jax.lax.fori_loop(0, slots_I.shape[0], body, state)
+
+
 def move_fn(state: DecodeState, src, dst) -> DecodeState:
     """Copy slot `src` to slot `dst` and deactivate `src` (tail compaction)."""
     moved = jax.tree.map(lambda x: _copy_row(x, dst, x, src), state)  # all fields slot-major
@@ -317,6 +331,8 @@ class Engine:
         self._prefill = jax.jit(functools.partial(prefill_fn, config=config))
         # A partial per engine: jit caches (and so compiles()) are per engine, not shared.
         self._insert = jax.jit(functools.partial(insert_fn), donate_argnums=(1,))
+        self._insert_many = jax.jit(functools.partial(insert_many_fn), donate_argnums=(1,))
+        self.insert_buckets = pow2_buckets(1, self.num_slots)
         self._move = jax.jit(functools.partial(move_fn), donate_argnums=(0,))
         devices = mesh.devices.flat if mesh is not None else jax.local_devices()[:1]
         on_cpu = all(d.platform == "cpu" for d in devices)
@@ -456,6 +472,23 @@ class Engine:
         return self._insert(prefix, state, jnp.int32(slot), jnp.int32(row), key,
                             jnp.int32(max_new))
 
+    def insert_many(self, prefix: Prefix, state: DecodeState, slots, rows, step_key,
+                    prompt_ids, sample_idxs, max_new_tokens) -> DecodeState:
+        """insert() for many requests at once (equal to one insert each, in order), with
+        the keys `request_key(step_key, prompt_ids[i], sample_idxs[i])`. The count is padded
+        to a power of two by repeating the last request (an idempotent copy), so refills
+        compile once per bucket."""
+        n = len(slots)
+        pad = bucket_for(n, self.insert_buckets) - n
+
+        def arr(xs, dtype):
+            xs = np.asarray(xs, dtype)
+            return np.concatenate([xs, np.repeat(xs[-1:], pad)]) if pad else xs
+
+        return self._insert_many(prefix, state, arr(slots, np.int32), arr(rows, np.int32),
+                                 step_key, arr(prompt_ids, np.uint32),
+                                 arr(sample_idxs, np.uint32), arr(max_new_tokens, np.int32))
+
     def request_key(self, step_key, prompt_id: int, sample_idx: int) -> jax.Array:
         return self._request_key(step_key, jnp.uint32(prompt_id), jnp.uint32(sample_idx))
 
@@ -481,7 +514,7 @@ class Engine:
     def compiles(self) -> dict[str, int]:
         """Compilations made so far, per function (jit's own cache sizes)."""
         out = {}
-        for name in ("prefill", "insert", "move", "generate"):
+        for name in ("prefill", "insert", "insert_many", "move", "generate"):
             fn = getattr(self, f"_{name}")
             out[name] = int(fn._cache_size())
         return out
@@ -490,4 +523,6 @@ class Engine:
         """How many shape buckets each function can see (the bound on its compiles)."""
         return {"prefill": len(self.prompt_buckets) * len(self.row_buckets),
                 "insert": len(self.prompt_buckets) * len(self.row_buckets),
+                "insert_many": (len(self.prompt_buckets) * len(self.row_buckets)
+                                * len(self.insert_buckets)),
                 "move": 1, "generate": len(self.slot_buckets) * len(self.window_buckets)}
