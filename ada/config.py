@@ -326,12 +326,15 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     need(0.0 <= lo <= hi <= 1.0 and d.get("pass_rate_samples", 16) >= 1,
          f"data.pass_rate_range={(lo, hi)} needs 0 <= lo <= hi <= 1 and data.pass_rate_samples="
          f"{d.get('pass_rate_samples', 16)} >= 1")
-    noise = config.warmstart.get("teacher_noise", 0.0)
+    w = config.warmstart
+    noise, noise_steps = w.get("teacher_noise", 0.0), w.get("noise_steps", 0)
     # (a warm start on a non-synthetic source is refused at setup, with its own message)
-    need(0.0 <= noise < 1.0 and not (noise and config.warmstart.enabled
-                                     and d.source == "countdown"),
+    need(0.0 <= noise < 1.0 and not (noise and w.enabled and d.source == "countdown"),
          f"warmstart.teacher_noise={noise} must be in [0, 1), and > 0 only for "
          "data.source=arithmetic (near misses of an integer answer)")
+    need(noise_steps >= 0 and (noise > 0) == (noise_steps > 0),
+         f"warmstart.teacher_noise={noise} and warmstart.noise_steps={noise_steps}: the noisy "
+         "teacher needs both (> 0), or neither (0) for exact answers only")
     on_bad_row = d.get("on_bad_row", "raise")  # absent from runs older than the key
     need(on_bad_row in BAD_ROW_POLICIES,
          f"data.on_bad_row={on_bad_row!r} is not one of {BAD_ROW_POLICIES}")

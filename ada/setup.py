@@ -213,9 +213,10 @@ TEACHER_COPIES = 5  # warm-start examples per record when the teacher is noisy
 def warm_start_examples(records, task: Task, tokenizer: Tokenizer, noise: float, seed: int):
     """(prompt tokens, target tokens) of the warm start. With teacher noise q > 0 each
     record with an integer answer appears TEACHER_COPIES times, round(q * copies) of them
-    answered by a near miss (answer -2, -1, +1 or +2): the policy learns the answer as its
-    most likely reply but not a certain one, as a pretrained LLM whose pass@k far exceeds its
-    pass@1 (the regime RL sharpens; docs/results.md)."""
+    answered by a near miss (answer -2, -1, +1 or +2). Trained on after the exact answers
+    (warmstart.noise_steps), it keeps the answer as the policy's most likely reply but
+    spreads mass to its neighbours: a policy whose pass@k far exceeds its pass@1, as a
+    pretrained LLM's (the regime RL sharpens; docs/results.md)."""
     eos = tokenizer.eos_id
     rng = np.random.default_rng(seed)
     wrong = round(noise * TEACHER_COPIES)
@@ -246,17 +247,24 @@ def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_re
     if task.response is None:
         raise ConfigError("warmstart.enabled needs a synthetic task (data.source=arithmetic|countdown)")
     w = c.warmstart
-    examples = warm_start_examples(train_records, task, tokenizer, w.teacher_noise, w.seed)
-    settings = dict(steps=w.steps, batch_size=w.batch_size, lr=w.lr)
-    if w.teacher_noise:  # keyed only when set, so noise-free caches keep their names
-        settings["teacher_noise"] = w.teacher_noise
     vocab_fp = hashlib.sha256("\x00".join(
         tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)).encode()).hexdigest()
+    common = dict(model_cfg=model_cfg, batch_size=w.batch_size, pad_id=tokenizer.pad_id,
+                  cache_dir=os.path.join(cache_dir(c), "warmstart"))
+    settings = dict(steps=w.steps, batch_size=w.batch_size, lr=w.lr)
     key = warmstart.cache_key(model_cfg, vocab_fp, train_records, task.name, settings, w.seed)
-    return warmstart.warm_start(model_cfg, examples, key_parts=key, steps=w.steps,
-                                batch_size=w.batch_size, lr=w.lr, seed=w.seed,
-                                pad_id=tokenizer.pad_id,
-                                cache_dir=os.path.join(cache_dir(c), "warmstart"))
+    params, info = warmstart.warm_start(
+        examples=warm_start_examples(train_records, task, tokenizer, 0.0, w.seed),
+        key_parts=key, steps=w.steps, lr=w.lr, seed=w.seed, **common)
+    noise_steps = w.get("noise_steps", 0)  # absent from runs older than the noisy phase
+    if not noise_steps:
+        return params, info
+    # The noisy teacher's phase continues from the exact one (both cached; keyed as a chain).
+    settings.update(teacher_noise=w.teacher_noise, noise_steps=noise_steps, noise_lr=w.noise_lr)
+    key = warmstart.cache_key(model_cfg, vocab_fp, train_records, task.name, settings, w.seed)
+    return warmstart.warm_start(
+        examples=warm_start_examples(train_records, task, tokenizer, w.teacher_noise, w.seed),
+        key_parts=key, steps=noise_steps, lr=w.noise_lr, seed=w.seed + 1, init=params, **common)
 
 
 # ----------------------------------------------------------------------------- training, sampling

@@ -91,8 +91,9 @@ def supervised_train(params, model_cfg: ModelConfig, examples: list[tuple[list[i
 
 def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]]], *,
                key_parts: str, steps: int, batch_size: int, lr: float, seed: int, pad_id: int,
-               cache_dir: str) -> tuple[dict, dict]:
-    """Random init + `steps` supervised steps, cached in `cache_dir/<key>.msgpack`.
+               cache_dir: str, init=None) -> tuple[dict, dict]:
+    """`init` (default: a random init from `seed`) + `steps` supervised steps, cached in
+    `cache_dir/<key>.msgpack` (the key must name `init`'s own making).
 
     Returns (params, info) with info = {"cached": bool, "path": ..., "loss": ...}.
     """
@@ -109,9 +110,9 @@ def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]
             log.warning("warm-start cache %s unreadable (%s); recomputing", path, e)
     log.info("warm start: %d supervised steps on %d examples (runs once; cached in %s)",
              steps, len(examples), path)
-    params, loss = supervised_train(template, model_cfg, examples, steps=steps,
-                                    batch_size=batch_size, lr=lr, seed=seed, pad_id=pad_id,
-                                    log_every=max(steps // 5, 1))
+    params, loss = supervised_train(template if init is None else init, model_cfg, examples,
+                                    steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                                    pad_id=pad_id, log_every=max(steps // 5, 1))
     params = jax.device_get(params)
     if jax.process_index() == 0:
         tmp = path + f".tmp{os.getpid()}"

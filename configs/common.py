@@ -131,9 +131,13 @@ def base() -> ml_collections.ConfigDict:
     c.warmstart.batch_size = 64
     c.warmstart.lr = 3e-3
     c.warmstart.seed = 0
-    # Share of the warm start's targets a noisy teacher answers with a near miss (integer
-    # answers only): 0 = exact targets. See ada/setup.py: warm_start_examples.
+    # The noisy teacher (arithmetic only): after `steps` on the exact answers, `noise_steps`
+    # more at `noise_lr` on targets of which a share `teacher_noise` are near misses. The
+    # policy keeps the answers it learnt as its likeliest replies but samples their
+    # neighbours too (ada/setup.py: warm_start_examples). 0 and 0: exact answers only.
     c.warmstart.teacher_noise = 0.0
+    c.warmstart.noise_steps = 0
+    c.warmstart.noise_lr = 1e-3
     c.warmstart.cache_dir = ""  # '' -> ~/.cache/ada/warmstart
 
     c.mesh = ml_collections.ConfigDict()

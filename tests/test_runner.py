@@ -26,7 +26,8 @@ def tiny_overrides(cache):
         ("sampling.num_slots", "32"), ("sampling.max_new_tokens", "6"),
         ("train.steps", str(STEPS)), ("eval.every", "3"), ("eval.samples", "2"),
         ("eval.pass_k", "(1,2)"), ("checkpoint.every", "1"), ("checkpoint.keep", "2"),
-        ("warmstart.steps", "60"), ("warmstart.cache_dir", cache), ("log.progress", "false"),
+        ("warmstart.steps", "60"), ("warmstart.noise_steps", "20"), ("warmstart.cache_dir", cache),
+        ("log.progress", "false"),
         ("log.plots", "false"), ("optim.lr", "1e-3"), ("optim.warmup_steps", "1"),
     ]
 

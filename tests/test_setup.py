@@ -52,6 +52,47 @@ def test_teacher_noise_is_validated():
         C.validate(c)
     c.warmstart.enabled = False  # no warm start, nothing for the noise to act on
     C.validate(c)
+    for noise, steps in (("0.6", "0"), ("0.0", "500")):
+        c = C.build_config("configs/default.py", [("warmstart.teacher_noise", noise),
+                                                  ("warmstart.noise_steps", steps)])
+        with pytest.raises(ConfigError, match="needs both"):
+            C.validate(c)
+
+
+def test_noisy_teacher_phase_continues_from_the_cached_exact_phase(tmp_path):
+    import jax
+    import numpy as np
+
+    from ada import warmstart
+
+    def start(noise, noise_steps):
+        c = C.build_config("configs/default.py", [
+            ("data.num_train", "64"), ("warmstart.steps", "4"), ("warmstart.batch_size", "8"),
+            ("warmstart.teacher_noise", noise), ("warmstart.noise_steps", noise_steps),
+            ("warmstart.cache_dir", str(tmp_path))])
+        C.validate(c)
+        task = setup.load_task(c)
+        tok = setup.load_tokenizer_for(c, task)
+        records, _ = setup.encode_records(task.train, tok, c.tokenizer.template,
+                                          c.data.max_prompt_len)
+        model_cfg = setup.model_config_for(c, tok)
+        return c, task, tok, records, model_cfg, setup.initial_params(c, model_cfg, tok, task,
+                                                                      records)
+
+    c, task, tok, records, model_cfg, (exact, _) = start("0.0", "0")
+    _, _, _, _, _, (noisy, info) = start("0.6", "3")
+    assert not info["cached"]
+    assert len(list((tmp_path / "warmstart").glob("*.msgpack"))) == 2  # exact phase shared
+    w = c.warmstart
+    expected, _ = warmstart.supervised_train(
+        exact, model_cfg, setup.warm_start_examples(records, task, tok, 0.6, w.seed), steps=3,
+        batch_size=8, lr=w.noise_lr, seed=w.seed + 1, pad_id=tok.pad_id)
+    _, _, _, _, _, (again, info) = start("0.6", "3")
+    assert info["cached"]
+    for a, b, d in zip(jax.tree.leaves(noisy), jax.tree.leaves(expected),
+                       jax.tree.leaves(again), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(d))
 
 
 class FakeRollout:
