@@ -3,8 +3,9 @@ host-side continuous-batching driver. The JetStream adapter (optional extra) liv
 ada.sampling.jetstream_adapter and is imported only on demand."""
 
 from ada.sampling.driver import Completion, Driver, Request
-from ada.sampling.engine import Chunk, DecodeState, Engine, Prefix, request_key
+from ada.sampling.engine import Chunk, Engine
 from ada.sampling.samplers import SamplingConfig, sample, sampling_logprobs
+from ada.sampling.slots import DecodeState, Prefix, request_key
 
 __all__ = [
     "Chunk", "Completion", "DecodeState", "Driver", "Engine", "Prefix", "Request",

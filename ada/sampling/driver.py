@@ -34,7 +34,8 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from ada.sampling.engine import Engine, Prefix, bucket_for
+from ada.sampling.engine import Engine, bucket_for
+from ada.sampling.slots import Prefix
 
 
 class Detokenizer(Protocol):

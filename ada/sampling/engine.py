@@ -10,7 +10,7 @@ the model's KV cache:
             slot's request (key, max new tokens). A prompt sampled M times is prefilled once
             and inserted into M slots. The slot is a traced index: refilling a finished slot
             never recompiles (continuous batching). `insert_many` does a refill's requests
-            in one call (the driver's path).
+            in one call (the driver's path). The slot functions are in slots.py.
   generate  a chunk of K decode steps for the first `b` slots under `lax.scan` (sample from
             the slot's logits, then run the model on the sampled token). No host round trip
             inside the chunk; the host looks at the [b, K] tokens once per chunk.
@@ -68,32 +68,20 @@ from ada.models.transformer import (
     project_logits,
 )
 from ada.sampling.samplers import SamplingConfig, sample
+from ada.sampling.slots import (
+    DecodeState,
+    Prefix,
+    insert_fn,
+    insert_many_fn,
+    move_fn,
+    put_rows,
+    request_key,
+    take_rows,
+)
 
 # XLA:CPU compile options of `generate` (module docstring). An experimental XLA flag: jax
 # is pinned in requirements.txt, and tests/test_engine.py compiles with it.
 CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-
-@struct.dataclass
-class Prefix:
-    """N prefilled prompts: a [N, P] cache and each row's next-token logits."""
-
-    cache: KVCache  # per layer: k [N, K, Hd, P], v [N, K, P, Hd]
-    logits: jax.Array  # [N, V] float32
-    lengths: jax.Array  # [N] int32: real prompt tokens (the first generated position)
-
-
-@struct.dataclass
-class DecodeState:
-    """Everything one decode step reads and writes, for B slots."""
-
-    cache: KVCache  # per layer: k [B, K, Hd, S], v [B, K, S, Hd]
-    logits: jax.Array  # [B, V] float32: logits of the slot's next token
-    positions: jax.Array  # [B] int32: RoPE position of the next token
-    generated: jax.Array  # [B] int32: tokens generated so far
-    max_new: jax.Array  # [B] int32
-    active: jax.Array  # [B] bool: still generating
-    keys: jax.Array  # [B, 2] uint32: fold_in(fold_in(step_key, prompt_id), sample_idx)
 
 
 @struct.dataclass
@@ -124,11 +112,6 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
-def request_key(step_key: jax.Array, prompt_id, sample_idx) -> jax.Array:
-    """The per-request base key; token i then uses fold_in(request_key, i)."""
-    return jax.random.fold_in(jax.random.fold_in(step_key, prompt_id), sample_idx)
-
-
 # ----------------------------------------------------------------------------- pure functions
 
 
@@ -149,68 +132,6 @@ def prefill_fn(params, tokens_NxP, mask_NxP, *, config: ModelConfig) -> Prefix:
     )
     logits = project_logits(params, config, hidden[:, -1:])[:, 0]
     return Prefix(cache=cache, logits=logits, lengths=mask_NxP.sum(-1).astype(jnp.int32))
-
-
-def _copy_row(dst, dst_row, src, src_row):
-    """dst with row dst_row (leading axis) replaced by src's row src_row (traced indices)."""
-    r = jax.lax.dynamic_index_in_dim(src, src_row, axis=0, keepdims=True)
-    return jax.lax.dynamic_update_slice(dst, r.astype(dst.dtype), (dst_row,) + (0,) * (dst.ndim - 1))
-
-
-def insert_fn(prefix: Prefix, state: DecodeState, slot, row, key, max_new) -> DecodeState:
-    """Copy prefix row `row` into decode slot `slot` (traced ints: one compile per bucket)."""
-    pc, sc = prefix.cache, state.cache
-    Pl, S = pc.max_len, sc.max_len
-
-    def put_row(dst, src):  # one layer's k or v
-        return _copy_row(dst, slot, src, row)
-
-    valid_row = jnp.zeros((S,), bool).at[:Pl].set(pc.valid[row])
-    cache = KVCache(
-        k=tuple(map(put_row, sc.k, pc.k)), v=tuple(map(put_row, sc.v, pc.v)),
-        valid=sc.valid.at[slot].set(valid_row), end=sc.end.at[slot].set(Pl),
-    )
-    return DecodeState(
-        cache=cache,
-        logits=state.logits.at[slot].set(prefix.logits[row]),
-        positions=state.positions.at[slot].set(prefix.lengths[row]),
-        generated=state.generated.at[slot].set(0),
-        max_new=state.max_new.at[slot].set(max_new),
-        active=state.active.at[slot].set(True),
-        keys=state.keys.at[slot].set(key),
-    )
-
-
-def insert_many_fn(prefix: Prefix, state: DecodeState, slots_I, rows_I, step_key, prompt_ids_I,
-                   sample_idxs_I, max_new_I) -> DecodeState:
-    """insert_fn for I requests in one call, their keys made on the device: one dispatch
-    per refill instead of two per request (host dispatch was most of a small model's
-    collection). A loop of in-place row copies, not a gather: no [I, prompt cache] copy."""
-    keys_I = jax.vmap(request_key, (None, 0, 0))(step_key, prompt_ids_I, sample_idxs_I)
-
-    def body(i, st):
-        return insert_fn(prefix, st, slots_I[i], rows_I[i], keys_I[i], max_new_I[i])
-
-    return jax.lax.fori_loop(0, slots_I.shape[0], body, state)
-
-
-def move_fn(state: DecodeState, src, dst) -> DecodeState:
-    """Copy slot `src` to slot `dst` and deactivate `src` (tail compaction)."""
-    moved = jax.tree.map(lambda x: _copy_row(x, dst, x, src), state)  # all fields slot-major
-    return moved.replace(active=moved.active.at[src].set(False))
-
-
-def _take_rows(state: DecodeState, b: int) -> DecodeState:
-    return jax.tree.map(lambda x: x[:b], state)  # every field is slot-major
-
-
-def _put_rows(state: DecodeState, part: DecodeState) -> DecodeState:
-    def put(full, x):
-        if x.shape == full.shape:
-            return x
-        return jax.lax.dynamic_update_slice(full, x, (0,) * full.ndim)
-
-    return jax.tree.map(put, state, part)
 
 
 def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
@@ -245,14 +166,14 @@ def generate_fn(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
                 window: int | None = None, constrain=None) -> tuple[DecodeState, Chunk]:
     """K = num_steps decode steps for the first num_slots slots under lax.scan, attending
     to cache positions [0, window) (every live slot must end the chunk inside it)."""
-    part = _take_rows(state, num_slots) if num_slots < state.active.shape[0] else state
+    part = take_rows(state, num_slots) if num_slots < state.active.shape[0] else state
 
     def body(s, _):
         return decode_step(params, s, config=config, sampling=sampling, eos_ids=eos_ids,
                            window=window)
 
     part, (tok_KxB, lp_KxB, valid_KxB) = jax.lax.scan(body, part, None, length=num_steps)
-    new_state = _put_rows(state, part)
+    new_state = put_rows(state, part)
     if constrain is not None:
         new_state = constrain(new_state)
     chunk = Chunk(tokens=tok_KxB.T, logprobs=lp_KxB.T, valid=valid_KxB.T, active=part.active,
