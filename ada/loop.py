@@ -81,7 +81,8 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
                               process_count=jax.process_count(), shuffle=c.data.shuffle)
     layout = BatchLayout(prompt_len=s.rollout.engine.max_prompt_len,
                          response_len=c.sampling.max_new_tokens, pad_id=s.tokenizer.pad_id,
-                         mini_batches=c.optim.mini_batches)
+                         mini_batches=c.optim.mini_batches,
+                         trim=c.train.get("trim_padding", True))  # absent from older runs
     state = s.fns.init_state(s.params)
     # a copy: the train step donates the state's buffers under a mesh
     ref_params = jax.tree.map(jnp.copy, state.params) if c.optim.kl_coef > 0 else None

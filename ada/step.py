@@ -3,7 +3,7 @@
     collected = rollout.collect(params, prompts, key)     ada/rollout.py -> ada/adaptive
                                                           (rounds, exit rules, selection)
     advantages = methods.advantages(method, collected)    ada/methods.py -> ada/rl/advantages
-    batch = build_train_batch(collected, advantages)      ada/rl/batch.py
+    batch = build_train_batch(collected, advantages)      ada/rl/batch.py (cut to its lengths)
     batch = fns.add_logps(state, batch, ref_params)       ada/rl/train.py (old / reference logp)
     state, m = fns.train_step(state, batch)               ada/rl/train.py (PPO-clip, AdamW)
     metrics = step_metrics(collected, m)                  here, summed over processes
@@ -21,7 +21,7 @@ import numpy as np
 
 from ada import distributed, methods
 from ada.adaptive.collect import Collected
-from ada.rl.batch import BatchLayout, build_train_batch, to_global
+from ada.rl.batch import BatchLayout, build_train_batch, longest, to_global
 from ada.rl.train import TrainFns, TrainState
 from ada.rollout import Rollout
 
@@ -41,7 +41,10 @@ def rl_step(state: TrainState, prompts: list[dict], key, *, rollout: Rollout, fn
     collected = rollout.collect(state.params, prompts, key, more_prompts)
     t1 = time.perf_counter()
     adv_PxN = methods.advantages(method, collected, normalize_std)
-    batch = build_train_batch(collected, adv_PxN, layout)
+    lengths = None  # the batch's own; across processes, one shape for the global batch
+    if jax.process_count() > 1:
+        lengths = distributed.allgather(longest(collected)).max(axis=0)
+    batch = build_train_batch(collected, adv_PxN, layout, lengths)
     batch = fns.shard_batch(batch) if jax.process_count() == 1 else to_global(batch, fns.mesh)
     batch = fns.add_logps(state, batch, ref_params)
     if update_diagnostics:

@@ -112,6 +112,9 @@ def base() -> ml_collections.ConfigDict:
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 600
+    # Cut each train batch to its longest prompt and response (rounded up to a power of two,
+    # so a run compiles a few shapes); False: always max_prompt_len + max_new_tokens.
+    c.train.trim_padding = True
 
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 50  # steps; 0 disables
