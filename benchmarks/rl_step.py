@@ -12,6 +12,9 @@ Phases, as medians over the steps after the first (which compiles):
   update_s   add_logps + train_step, from dispatch until the new state is ready
   host_s     the rest of the step: advantages, batch building, transfers, metrics
 update_gflop = 6 x params x tokens; update_efficiency = update_gflop / update_s / matmul_gflops.
+matmul_floor_s: the update's own weight matmuls (forward and both backward products, same
+shapes) run bare in one jit, in the same run (train_step.matmul_floor); update_vs_floor =
+update_s / matmul_floor_s is how far the update is from what these shapes allow here.
 
   python benchmarks/rl_step.py [--methods grpo,ada_balance] [--steps 8] [--json out.json]
 """
@@ -26,7 +29,7 @@ import zlib
 
 import jax
 import numpy as np
-from train_step import matmul_gflops  # benchmarks/train_step.py (this folder is on the path)
+from train_step import matmul_floor, matmul_gflops  # benchmarks/ is on the path
 
 from ada import setup
 from ada.adaptive.simulate import pass_rate_mix
@@ -184,19 +187,25 @@ def main(argv=None):
     peak_after = matmul_gflops(args.matmul_n)
     results["matmul_gflops_before"], results["matmul_gflops_after"] = peak, peak_after
     results["matmul_gflops"] = peak = max(peak, peak_after)  # the ceiling: the better of two
+    tokens = args.prompts * args.n * (args.prompt_len + args.new_tokens)
+    floor_s, floor_gflop = matmul_floor(model_cfg, tokens)
+    results["matmul_floor_s"], results["matmul_floor_gflop"] = floor_s, floor_gflop
     for r in results["methods"].values():
         r["update_efficiency"] = r["update_gflop"] / r["update_s"] / peak
+        r["update_vs_floor"] = r["update_s"] / floor_s
 
     print(f"{n_params / 1e6:.2f}M params, {args.prompts} prompts x {args.n}, prompt "
           f"{args.prompt_len} + {args.new_tokens} new; backend {jax.default_backend()}; matmul "
           f"{args.matmul_n}^3 fp32 {peak:.1f} GFLOP/s (best of before {results['matmul_gflops_before']:.1f}, "
-          f"after {peak_after:.1f})")
+          f"after {peak_after:.1f}); the update's weight matmuls alone "
+          f"({floor_gflop:.1f} GFLOP at {tokens} tokens): {floor_s:.3f} s")
     print(f"{'method':12s} {'step s':>7s} {'collect':>8s} {'update':>7s} {'host':>6s} "
-          f"{'samples':>8s} {'tok/s':>7s} {'GFLOP':>6s} {'upd eff':>8s}")
+          f"{'samples':>8s} {'tok/s':>7s} {'GFLOP':>6s} {'upd eff':>8s} {'/floor':>7s}")
     for method, r in results["methods"].items():
         print(f"{method:12s} {r['step_s']:7.3f} {r['collect_s']:8.3f} {r['update_s']:7.3f} "
               f"{r['host_s']:6.3f} {r['samples']:8.0f} {r['tokens_per_s']:7.0f} "
-              f"{r['update_gflop']:6.1f} {r['update_efficiency']:8.1%}")
+              f"{r['update_gflop']:6.1f} {r['update_efficiency']:8.1%} "
+              f"{r['update_vs_floor']:6.2f}x")
     top = results["methods"]
     if "grpo" in top and len(top) > 1:
         g = top["grpo"]

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ada.models import init_params, positions_from_mask, preset
+from ada.models.transformer import param_shapes
 from ada.rl.train import TrainConfig, make_train_fns, train_flops_per_token
 
 DEFAULT_SHAPES = {"tiny": (16, 128), "small": (8, 256)}  # rows, tokens per row
@@ -36,6 +37,33 @@ def matmul_gflops(n: int = 2048, dtype=jnp.float32, reps: int = 5) -> float:
         f(a, b).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best / 1e9
+
+
+def weight_matmul_shapes(model_cfg) -> list[tuple[int, int]]:
+    """[in, out] of every weight matmul of one forward pass: each layer's projections and
+    the vocabulary projection (lm_head, or the tied embedding)."""
+    shapes = param_shapes(model_cfg)
+    out = [s[1:] for s in shapes["layers"].values() if len(s) == 3 for _ in range(s[0])]
+    out.append(shapes["lm_head"] if "lm_head" in shapes else shapes["embed"][::-1])
+    return out
+
+
+def matmul_floor(model_cfg, tokens: int, reps: int = 5) -> tuple[float, float]:
+    """(seconds, GFLOP) of a train step's weight matmuls run bare in one jit: per weight
+    [i, o] the forward x @ W and the backward's dY @ W.T and x.T @ dY, at `tokens` rows,
+    fp32, best of `reps`. An update of these shapes cannot beat it on this backend; the
+    attention scores, norms, softmax, optimizer and layout copies come on top."""
+    shapes = weight_matmul_shapes(model_cfg)
+    args = [tuple(jnp.full(shape, 0.01, jnp.float32) for shape in ((tokens, i), (i, o), (tokens, o)))
+            for i, o in shapes]
+    f = jax.jit(lambda args: [(x @ w, dy @ w.T, x.T @ dy) for x, w, dy in args])
+    jax.block_until_ready(f(args))
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(args))
+        best = min(best, time.perf_counter() - t0)
+    return best, sum(6 * tokens * i * o for i, o in shapes) / 1e9
 
 
 def make_batch(cfg, B: int, T: int, seed: int = 0) -> dict:
