@@ -290,7 +290,7 @@ def _write_kv(cache, new_BxTxKxHd, start_B, *, keys: bool):
 
 def _dense(x_BxTxI, w_IxO):
     """x @ w as one 2-D matmul over the flattened rows. Same numbers; its backward is then a
-    plain [I, rows] x [rows, O] product for the weight gradient, which XLA:CPU runs ~20%
+    plain [I, rows] x [rows, O] product for the weight gradient, which XLA:CPU runs ~17%
     faster in the train step than the 3-D contraction's transposes (docs/results.md)."""
     rows = x_BxTxI.reshape(-1, x_BxTxI.shape[-1]) @ w_IxO
     return rows.reshape(*x_BxTxI.shape[:-1], w_IxO.shape[-1])
