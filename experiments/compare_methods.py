@@ -37,7 +37,8 @@ from ada.metrics import read_jsonl, series  # noqa: E402
 COMPARED = ("grpo", "dapo", "ada_pos", "ada_balance")  # names from ada/methods.py
 # Prompt sets by the starting policy's pass rate over 16 draws. hard: the paper's HARD_FILTER
 # (solved 1 or 2 times in 16; most GRPO groups of 4 are all wrong); easy: solved at least 6
-# times in 16. From the default's start: 684 hard and 1,215 easy of 4,000 training prompts.
+# times in 16. From the default's start (5,000 exact warm-start steps): 395 hard and 1,673
+# easy of 4,000 training prompts (684 and 1,215 from the earlier 2,500-step start).
 MIXES = {
     "all": (0.0, 1.0),
     "easy": (0.375, 1.0),
