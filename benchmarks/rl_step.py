@@ -187,7 +187,7 @@ def main(argv=None):
     peak_after = matmul_gflops(args.matmul_n)
     results["matmul_gflops_before"], results["matmul_gflops_after"] = peak, peak_after
     results["matmul_gflops"] = peak = max(peak, peak_after)  # the ceiling: the better of two
-    tokens = args.prompts * args.n * (args.prompt_len + args.new_tokens)
+    tokens = next(iter(results["methods"].values()))["train_tokens"]  # the same for every method
     floor_s, floor_gflop = matmul_floor(model_cfg, tokens)
     results["matmul_floor_s"], results["matmul_floor_gflop"] = floor_s, floor_gflop
     for r in results["methods"].values():

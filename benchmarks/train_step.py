@@ -29,14 +29,18 @@ def matmul_gflops(n: int = 2048, dtype=jnp.float32, reps: int = 5) -> float:
     """Best-of-`reps` rate of an n x n x n matmul, in GFLOP/s."""
     a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     b = jax.random.normal(jax.random.key(1), (n, n), dtype)
-    f = jax.jit(jnp.dot)
-    f(a, b).block_until_ready()
+    return 2 * n ** 3 / best_seconds(jax.jit(jnp.dot), (a, b), reps) / 1e9
+
+
+def best_seconds(f, args: tuple, reps: int) -> float:
+    """Fastest of `reps` calls of f(*args) after a warm-up (compile) call."""
+    jax.block_until_ready(f(*args))
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        f(a, b).block_until_ready()
+        jax.block_until_ready(f(*args))
         best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best / 1e9
+    return best
 
 
 def weight_matmul_shapes(model_cfg) -> list[tuple[int, int]]:
@@ -57,13 +61,7 @@ def matmul_floor(model_cfg, tokens: int, reps: int = 5) -> tuple[float, float]:
     args = [tuple(jnp.full(shape, 0.01, jnp.float32) for shape in ((tokens, i), (i, o), (tokens, o)))
             for i, o in shapes]
     f = jax.jit(lambda args: [(x @ w, dy @ w.T, x.T @ dy) for x, w, dy in args])
-    jax.block_until_ready(f(args))
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(args))
-        best = min(best, time.perf_counter() - t0)
-    return best, sum(6 * tokens * i * o for i, o in shapes) / 1e9
+    return best_seconds(f, (args,), reps), sum(6 * tokens * i * o for i, o in shapes) / 1e9
 
 
 def make_batch(cfg, B: int, T: int, seed: int = 0) -> dict:
