@@ -8,15 +8,29 @@ Everything a run needs is checked here, before any compile or training time is s
 an unknown override key, a file with a syntax error, a model path that does not exist
 and an output directory that is not writable each stop the run with a one-line
 `ConfigError` that names the thing and the fix.
+
+Every knob is defined once, with its default and a one-line comment, in
+`configs/common.py: base()` (ada/knobs.py reads both; `describe` prints a config with them).
+The sections `loss`, `optim`, `adaptive` and `sampling` (its temperature, top_k, top_p)
+build `LossConfig`, `OptimConfig`, `CollectConfig` and `SamplingConfig` field for field,
+and `train`'s epochs / mini_batches / micro_batches are `TrainConfig`'s (`train_config`,
+`collect_config`): a knob has one name from the command line to the code. Each dataclass
+checks its own fields; `validate` builds them, names the knob of their errors, and adds only
+the checks that span sections or have no dataclass. A run's saved `config.json` is read back
+by `load_run_config` alone (merged onto base(), old keys renamed by ada.knobs.RENAMED), so
+no code reads a config key with a fallback default.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import importlib.util
 import json
+import logging
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -25,14 +39,31 @@ from typing import Any
 
 import ml_collections
 
-from ada.adaptive.collect import SCHEDULERS, threshold_problem
+from ada import methods
+from ada.adaptive.collect import CollectConfig
 from ada.data.sources import BAD_ROW_POLICIES
+from ada.knobs import RENAMED, base_config, describe, leaves  # noqa: F401 (describe: for the CLI)
 from ada.methods import METHODS
-from ada.rl.losses import AGG_MODES, KL_ESTIMATORS
+from ada.rl.losses import LossConfig
+from ada.rl.optimizer import OptimConfig
+from ada.rl.train import TrainConfig, split_problem
+from ada.sampling.samplers import SamplingConfig
+
+log = logging.getLogger(__name__)
+
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "configs", "default.py")
 
 
 class ConfigError(ValueError):
     """A bad config, override or path; its message is one line meant for the user."""
+
+
+def fail(e: Exception) -> int:
+    """The one way a command line reports a user error: one line on stderr, exit code 2."""
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
 
 
 # ----------------------------------------------------------------------------- loading
@@ -95,16 +126,9 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
 # ----------------------------------------------------------------------------- overrides
 
 
-def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+def flat_keys(config: ml_collections.ConfigDict) -> list[str]:
     """Every leaf key as a dotted path ('adaptive.n', ...)."""
-    keys = []
-    for k, v in config.items():
-        path = f"{prefix}{k}"
-        if isinstance(v, ml_collections.ConfigDict):
-            keys.extend(flat_keys(v, path + "."))
-        else:
-            keys.append(path)
-    return keys
+    return [k for k, _ in leaves(config)]
 
 
 def _closest(key: str, keys: Sequence[str]) -> str:
@@ -175,6 +199,9 @@ def apply_override(config: ml_collections.ConfigDict, key: str, text: str) -> No
         if isinstance(node, ml_collections.ConfigDict):
             raise ConfigError(f"--config.{key} is a group, not a field; set one of its fields, e.g. "
                               f"{', '.join(k for k in keys if k.startswith(key + '.'))[:200]}")
+        if key in RENAMED:
+            raise ConfigError(f"config key {key!r} is now {RENAMED[key]!r}; pass --config."
+                              f"{RENAMED[key]}={text}")
         raise ConfigError(f"unknown config key {key!r}; closest valid keys: {_closest(key, keys)}")
     *parents, leaf = key.split(".")
     node = config
@@ -211,13 +238,42 @@ def parse_override_args(argv: Iterable[str]) -> tuple[list[tuple[str, str]], lis
     return overrides, rest
 
 
+def _at(config: ml_collections.ConfigDict, key: str):
+    for p in key.split(".") if key else ():
+        config = config[p]
+    return config
+
+
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-    """The resolved config a run saved in its directory (`WORKDIR/config.json`)."""
+    """The resolved config a run saved in its directory (`WORKDIR/config.json`), merged onto
+    base(): keys renamed since (ada.knobs.RENAMED) take their new names, knobs added since
+    their defaults, and a key this version no longer has is dropped with a warning. The one
+    place a saved config is read."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found; is {workdir} a run directory?")
     with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+        saved = json.load(f)
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            yield from flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+
+    config = base_config()
+    known = set(flat_keys(config))
+    for key, value in flat(saved):
+        if key == "optim.dual_clip" and value is not None and value <= 1:
+            value = 0.0  # the old convention's "off"
+        key = RENAMED.get(key, key)
+        if key not in known:
+            log.warning("%s: key %s is not a knob of this version; ignored", path, key)
+            continue
+        section, _, leaf = key.rpartition(".")
+        try:
+            _at(config, section)[leaf] = value
+        except TypeError as e:
+            raise ConfigError(f"{path}: {key}={value!r}: {e}") from None
+    return config
 
 
 def build_config(spec: str, overrides: Sequence[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
@@ -285,19 +341,35 @@ def check_workdir(workdir: str) -> None:
                           "pick another --workdir") from None
 
 
-def _get(config, key, default=None):
-    node = config
-    for p in key.split("."):
-        if not isinstance(node, ml_collections.ConfigDict) or p not in node:
-            return default
-        node = node[p]
-    return node
+def _dataclass_problems(section: str, cls, error: ValueError, keys) -> list[str]:
+    """A dataclass's own ValueError ('invalid LossConfig: clip_low=1.5 must be ...; ...') as
+    one problem per field, each naming its knob: 'loss.clip_low=1.5 must be ...'. A problem
+    starts with a field's name ('threshold' may stand for 'positive_threshold')."""
+    text = str(error)
+    if text.startswith(f"invalid {cls.__name__}: "):
+        text = text.split(": ", 1)[1]
+    def named(name, among):  # the exact name, else one ending in _name
+        return name if name in among else next((k for k in among if k.endswith("_" + name)), None)
+
+    fields = [f.name for f in dataclasses.fields(cls)]
+    out = []
+    for part in text.split("; "):
+        name = re.match(r"\w*", part).group()
+        if out and not (name and named(name, fields)):  # the fix of the problem before
+            out[-1] += "; " + part
+        elif knob := name and named(name, keys):
+            out.append(f"{section}.{knob}{part[len(name):]}")
+        else:
+            out.append(f"{section}: {part}")
+    return out
 
 
 def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:
     """Check the whole config (and the output dir) before anything is compiled.
 
-    Raises ConfigError with one line that names the setting and what to change.
+    Builds the dataclasses the config's sections become (each checks its own fields) and
+    checks what spans sections. Raises ConfigError with one line that names the setting and
+    what to change.
     """
     problems: list[str] = []
 
@@ -305,76 +377,60 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
         if not cond:
             problems.append(msg)
 
-    method = _get(config, "method")
+    def build(section: str, cls, make):
+        try:
+            return make()
+        except ValueError as e:
+            problems.extend(_dataclass_problems(section, cls, e, list(config[section])))
+            return None
+
+    method = config.method
     need(method in METHODS, f"method={method!r} is not one of {', '.join(METHODS)}")
-    a = config.adaptive
-    need(a.n >= 2, f"adaptive.n={a.n} must be >= 2 (a group of one has no baseline)")
-    need(a.samples_per_round >= 1, f"adaptive.samples_per_round={a.samples_per_round} must be >= 1")
-    need(a.max_rounds >= 1, f"adaptive.max_rounds={a.max_rounds} must be >= 1")
-    if method in METHODS and METHODS[method].adaptive_rounds:
-        need(a.samples_per_round * a.max_rounds >= a.n,
-             f"adaptive.samples_per_round*max_rounds={a.samples_per_round * a.max_rounds} < n={a.n}; "
-             "raise samples_per_round or max_rounds")
-    need(a.scheduler in SCHEDULERS, f"adaptive.scheduler={a.scheduler!r} is not one of {SCHEDULERS}")
-    problem = threshold_problem(a.positive_threshold, a.reward_range)
-    need(problem is None, "adaptive." + str(problem).replace("threshold=", "positive_threshold=", 1))
+    if method in METHODS:  # the method sets the rounds (grpo: one round of n)
+        build("adaptive", CollectConfig, lambda: collect_config(config))
+    build("loss", LossConfig, lambda: LossConfig(**config.loss))
+    build("optim", OptimConfig, lambda: OptimConfig(**config.optim))
+    build("sampling", SamplingConfig,
+          lambda: SamplingConfig(**_fields(config.sampling, SamplingConfig)))
+    t, d, a = config.train, config.data, config.adaptive
+    if build("train", TrainConfig, lambda: TrainConfig(**_fields(t, TrainConfig))):
+        problem = split_problem(d.prompts_per_step, a.n, t.mini_batches, t.micro_batches)
+        need(problem is None, f"train.{problem}")
+    need(t.steps >= 1, f"train.steps={t.steps} must be >= 1")
     need(a.normalize_std in (None, True, False),
          f"adaptive.normalize_std={a.normalize_std!r} must be None (the method's own), true or false")
-    d = config.data
+
     need(d.prompts_per_step >= 1, f"data.prompts_per_step={d.prompts_per_step} must be >= 1")
-    lo, hi = tuple(d.get("pass_rate_range", (0.0, 1.0)))  # absent from older runs
-    need(0.0 <= lo <= hi <= 1.0 and d.get("pass_rate_samples", 16) >= 1,
+    lo, hi = tuple(d.pass_rate_range)
+    need(0.0 <= lo <= hi <= 1.0 and d.pass_rate_samples >= 1,
          f"data.pass_rate_range={(lo, hi)} needs 0 <= lo <= hi <= 1 and data.pass_rate_samples="
-         f"{d.get('pass_rate_samples', 16)} >= 1")
-    w = config.warmstart
-    noise, noise_steps = w.get("teacher_noise", 0.0), w.get("noise_steps", 0)
-    # (a warm start on a non-synthetic source is refused at setup, with its own message)
-    need(0.0 <= noise < 1.0 and not (noise and w.enabled and d.source == "countdown"),
-         f"warmstart.teacher_noise={noise} must be in [0, 1), and > 0 only for "
-         "data.source=arithmetic (near misses of an integer answer)")
-    need(noise_steps >= 0 and (noise > 0) == (noise_steps > 0),
-         f"warmstart.teacher_noise={noise} and warmstart.noise_steps={noise_steps}: the noisy "
-         "teacher needs both (> 0), or neither (0) for exact answers only")
-    on_bad_row = d.get("on_bad_row", "raise")  # absent from runs older than the key
-    need(on_bad_row in BAD_ROW_POLICIES,
-         f"data.on_bad_row={on_bad_row!r} is not one of {BAD_ROW_POLICIES}")
+         f"{d.pass_rate_samples} >= 1")
+    need(d.on_bad_row in BAD_ROW_POLICIES,
+         f"data.on_bad_row={d.on_bad_row!r} is not one of {BAD_ROW_POLICIES}")
     if d.source == "tfds":
-        need(d.get("tfds_name"), "data.source=tfds needs a dataset: pass --config.data.tfds_name="
-                                 "NAME (prepared in data.tfds_data_dir) or its version folder")
-        need(d.get("tfds_split"), "data.source=tfds needs a training split: pass "
-                                  "--config.data.tfds_split=train")
-    o = config.optim
-    need(o.lr > 0, f"optim.lr={o.lr} must be > 0")
-    need(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0")
-    need(0 <= o.clip_low < 1 and o.clip_high >= 0,
-         f"optim.clip_low/clip_high={o.clip_low}/{o.clip_high}: need 0 <= clip_low < 1, clip_high >= 0")
-    need(o.loss_agg in AGG_MODES, f"optim.loss_agg={o.loss_agg!r} is not one of {AGG_MODES}")
-    need(o.kl_coef >= 0, f"optim.kl_coef={o.kl_coef} must be >= 0 (0 disables the KL term)")
-    kl_estimator = o.get("kl_estimator", "k3")
-    need(kl_estimator in KL_ESTIMATORS,
-         f"optim.kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}")
-    splits = o.mini_batches * o.micro_batches
-    need(o.mini_batches >= 1 and o.micro_batches >= 1 and d.prompts_per_step * a.n % splits == 0,
-         f"optim.mini_batches*micro_batches={splits} must divide prompts_per_step*n="
-         f"{d.prompts_per_step * a.n}")
-    need(o.mini_batches < 1 or d.prompts_per_step % o.mini_batches == 0,
-         f"optim.mini_batches={o.mini_batches} must divide data.prompts_per_step="
-         f"{d.prompts_per_step} (each mini-batch holds whole prompts)")
-    need(config.train.steps >= 1, f"train.steps={config.train.steps} must be >= 1")
+        need(d.tfds_name, "data.source=tfds needs a dataset: pass --config.data.tfds_name="
+                          "NAME (prepared in data.tfds_data_dir) or its version folder")
+        need(d.tfds_split, "data.source=tfds needs a training split: pass "
+                           "--config.data.tfds_split=train")
+    w = config.warmstart
+    # (a warm start on a non-synthetic source is refused at setup, with its own message)
+    need(0.0 <= w.teacher_noise < 1.0 and not (w.teacher_noise and w.enabled
+                                               and d.source == "countdown"),
+         f"warmstart.teacher_noise={w.teacher_noise} must be in [0, 1), and > 0 only for "
+         "data.source=arithmetic (near misses of an integer answer)")
+    need(w.noise_steps >= 0 and (w.teacher_noise > 0) == (w.noise_steps > 0),
+         f"warmstart.teacher_noise={w.teacher_noise} and warmstart.noise_steps={w.noise_steps}: "
+         "the noisy teacher needs both (> 0), or neither (0) for exact answers only")
     s = config.sampling
-    need(s.temperature >= 0, f"sampling.temperature={s.temperature} must be >= 0")
     need(s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens} must be >= 1")
     need(s.num_slots >= 1 and s.chunk_size >= 1,
          f"sampling.num_slots={s.num_slots} and sampling.chunk_size={s.chunk_size} must be >= 1 "
          "(decode slots; decode steps per jitted chunk)")
-    need(0 < s.top_p <= 1, f"sampling.top_p={s.top_p} must be in (0, 1]")
-    if "num_windows" in s:  # absent from the config.json of runs older than the key
-        need(s.num_windows >= 1,
-             f"sampling.num_windows={s.num_windows} must be >= 1 (1 = attend to the whole cache)")
-    if "mesh" in s:  # absent from the config.json of runs older than the key
-        need(len(s.mesh) == 2 and s.mesh[1] >= 1 and (s.mesh[0] >= 1 or s.mesh[0] == -1),
-             f"sampling.mesh={tuple(s.mesh)} must be (data, tensor) with tensor >= 1 and data "
-             ">= 1 or -1 (all of this process's devices)")
+    need(s.num_windows >= 1,
+         f"sampling.num_windows={s.num_windows} must be >= 1 (1 = attend to the whole cache)")
+    need(len(s.mesh) == 2 and s.mesh[1] >= 1 and (s.mesh[0] >= 1 or s.mesh[0] == -1),
+         f"sampling.mesh={tuple(s.mesh)} must be (data, tensor) with tensor >= 1 and data "
+         ">= 1 or -1 (all of this process's devices)")
     e = config.eval
     need(e.samples >= 1, f"eval.samples={e.samples} must be >= 1")
     for k in e.pass_k:
@@ -385,7 +441,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
 
     for key in ("model.path", "tokenizer.path", "data.train_path", "data.eval_path",
                 "data.tfds_data_dir"):
-        value = _get(config, key)
+        value = _at(config, key)
         if value and not str(value).startswith("gs://") and not os.path.exists(value):
             raise ConfigError(f"{key}={value!r} does not exist; fix the path or pass --config.{key}=''"
                               if key != "model.path" else
@@ -395,20 +451,24 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
         check_workdir(workdir)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m ada.config CONFIG [--config.x=v]` prints the resolved config."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        overrides, rest = parse_override_args(argv)
-        if len(rest) != 1:
-            print("usage: python -m ada.config configs/x.py[:arg] [--config.a.b=v ...]", file=sys.stderr)
-            return 2
-        print(build_config(rest[0], overrides))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+# ----------------------------------------------------------------------------- the dataclasses
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _fields(section: ml_collections.ConfigDict, cls) -> dict[str, Any]:
+    """The knobs of `section` that are fields of the dataclass `cls` (same names)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in section.items() if k in names}
+
+
+def train_config(config: ml_collections.ConfigDict) -> TrainConfig:
+    """The policy update of a run: sections loss and optim, and train's epochs,
+    mini_batches and micro_batches; remat and the sampling temperature ride along."""
+    return TrainConfig(loss=LossConfig(**config.loss), optim=OptimConfig(**config.optim),
+                       **_fields(config.train, TrainConfig), remat=config.model.remat,
+                       temperature=config.sampling.temperature or 1.0)
+
+
+def collect_config(config: ml_collections.ConfigDict) -> CollectConfig:
+    """The collection of a run: the adaptive section (normalize_std aside: the advantage's)
+    with the rounds and exit rule its method sets."""
+    return methods.collect_config(config.method, **_fields(config.adaptive, CollectConfig))

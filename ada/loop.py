@@ -3,7 +3,7 @@
 Everything random in a step derives from fold_in(key(seed), step), and the data iterator's
 position is checkpointed, so a run killed at any point and restarted from its latest
 checkpoint ends with the same parameters and metrics as an uninterrupted one. The KL
-reference (optim.kl_coef > 0) is the initial policy, rebuilt by the setup on resume.
+reference (loss.kl_coef > 0) is the initial policy, rebuilt by the setup on resume.
 
 Multi-host: each process collects its own shard of the prompts (ada/rollout.py); metrics
 are summed over processes (ada/step.py) and written by process 0; the update is one SPMD
@@ -25,7 +25,7 @@ from ada import distributed, setup
 from ada import sharding as shd
 from ada.checkpoint import Checkpointer
 from ada.data.iterator import PromptIterator
-from ada.evaluate import evaluate
+from ada.evaluation import evaluate_policy
 from ada.export import export_hf
 from ada.metrics import MetricsWriter, Progress, plot_run, read_jsonl
 from ada.rl.batch import BatchLayout
@@ -42,22 +42,12 @@ def state_tree(state: TrainState, rng_data) -> dict:
             "rng": np.asarray(jax.device_get(rng_data))}  # host value, same on every process
 
 
-def evaluate_held_out(s: setup.Setup, params, seed: int) -> dict:
-    """Held-out avg@k / pass@k with the same draws at every eval (key from the seed)."""
-    c = s.config
-    if not s.eval_records:
-        return {}
-    key = jax.random.fold_in(jax.random.key(seed + 1_000_003), 0)
-    t = time.perf_counter()
-
-    def sample(records, k, first_id):
-        outs = s.eval_rollout.sample(params, records, k, key, first_id)
-        return [[o.text for o in row] for row in outs]
-
-    m = evaluate(s.eval_records, sample, s.task.reward, samples=c.eval.samples,
-                 pass_k=c.eval.pass_k, threshold=c.adaptive.positive_threshold)
-    m["time_eval_s"] = time.perf_counter() - t
-    return m
+def evaluate_held_out(s: setup.Setup, params) -> dict:
+    """The run's held-out avg@k / pass@k (eval section), the same draws at every eval."""
+    e = s.config.eval
+    return evaluate_policy(s.eval_rollout, params, s.eval_records, samples=e.samples,
+                           pass_k=e.pass_k, threshold=s.config.adaptive.positive_threshold,
+                           seed=s.config.seed)
 
 
 def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
@@ -81,11 +71,10 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
                               process_count=jax.process_count(), shuffle=c.data.shuffle)
     layout = BatchLayout(prompt_len=s.rollout.engine.max_prompt_len,
                          response_len=c.sampling.max_new_tokens, pad_id=s.tokenizer.pad_id,
-                         mini_batches=c.optim.mini_batches,
-                         trim=c.train.get("trim_padding", True))  # absent from older runs
+                         mini_batches=c.train.mini_batches, trim_padding=c.train.trim_padding)
     state = s.fns.init_state(s.params)
     # a copy: the train step donates the state's buffers under a mesh
-    ref_params = jax.tree.map(jnp.copy, state.params) if c.optim.kl_coef > 0 else None
+    ref_params = jax.tree.map(jnp.copy, state.params) if c.loss.kl_coef > 0 else None
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=c.checkpoint.keep)
     base_key = jax.random.key(c.seed)
     start, counters = 0, {"samples_total": 0, "prompts_total": 0}
@@ -103,7 +92,7 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
                            resume_step=start if resumed else None, enabled=main)
     bar = Progress(c.train.steps, initial=start, enabled=main and c.log.progress)
     if not resumed:
-        first = evaluate_held_out(s, state.params, c.seed) if c.eval.every else {}
+        first = evaluate_held_out(s, state.params) if c.eval.every else {}
         writer.write(0, {"warmstart_loss": s.warm_info.get("loss"),
                          "warmstart_cached": s.warm_info.get("cached"),
                          "dropped_prompts": s.dropped_prompts, "setup_s": setup_s, **first})
@@ -121,7 +110,7 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
                     "prompts_total": int(counters["prompts_total"] + c.data.prompts_per_step)}
         m["samples_total"] = counters["samples_total"]
         if c.eval.every and (step % c.eval.every == 0 or step == c.train.steps):
-            m.update(evaluate_held_out(s, state.params, c.seed))
+            m.update(evaluate_held_out(s, state.params))
         writer.write(step, m)
         bar.update(m)
         if step % c.checkpoint.every == 0 or step == c.train.steps:

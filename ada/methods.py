@@ -54,7 +54,9 @@ def get(name: str) -> Method:
 def collect_config(name: str, n: int = 4, samples_per_round: int = 8, max_rounds: int = 4,
                    **overrides) -> CollectConfig:
     """The CollectConfig of a method: grpo/dapo draw one round of n, the others rounds of
-    `samples_per_round` (M) up to `max_rounds` (N). `overrides` set any other field."""
+    `samples_per_round` (M) up to `max_rounds` (N). `overrides` set any other field
+    (positive_threshold, reward_range, scheduler, dapo_max_batches, overlap_scoring: the
+    `adaptive.*` config knobs of the same names and defaults)."""
     m = get(name)
     rounds = (dict(samples_per_round=samples_per_round, max_rounds=max_rounds)
               if m.adaptive_rounds else dict(samples_per_round=n, max_rounds=1))

@@ -1,5 +1,5 @@
 """Sampling from the current policy: adaptive collection for training, plain k-per-prompt
-draws for evaluation, both through this process's engine.
+draws (evaluation, pass rates), both through this process's engine.
 
 Generation is process-local: each process samples its own prompts on its own devices (the
 engine's mesh) with no collective inside the round loop, so one process whose prompts exit
@@ -22,9 +22,10 @@ from ada.sampling.engine import Engine
 
 
 class Rollout:
-    """One engine, the tokenizer that decodes it, and how a training batch is collected."""
+    """One engine, the tokenizer that decodes it, the reward that scores its responses, and
+    how a training batch is collected (`collect_cfg`; None for a sampler that only draws)."""
 
-    def __init__(self, engine: Engine, tokenizer, collect_cfg: CollectConfig, reward):
+    def __init__(self, engine: Engine, tokenizer, collect_cfg: CollectConfig | None, reward):
         self.engine = engine
         self.tokenizer = tokenizer
         self.collect_cfg = collect_cfg
@@ -55,12 +56,13 @@ class Rollout:
             return collector.collect(prompts, jax.random.fold_in(key, 1), more_prompts=more)
 
     def sample(self, params, records: Sequence[dict], k: int, key,
-               first_prompt_id: int = 0) -> list[list[Completion]]:
-        """k responses for each record; record i draws as prompt first_prompt_id + i."""
+               prompt_ids: Iterable[int]) -> list[list[Completion]]:
+        """k responses for each record (with `prompt_tokens`); record i draws as prompt
+        prompt_ids[i]: the only k-per-prompt sampler (evaluation, pass rates)."""
         with jax.default_device(jax.local_devices()[0]):
             driver = self.driver(params, key)
-            reqs = [Request(prompt_tokens=r["prompt_tokens"], prompt_id=first_prompt_id + i,
-                            sample_idx=j) for i, r in enumerate(records) for j in range(k)]
+            reqs = [Request(prompt_tokens=r["prompt_tokens"], prompt_id=pid, sample_idx=j)
+                    for r, pid in zip(records, prompt_ids, strict=True) for j in range(k)]
             outs = driver.generate_all(reqs)
         return [outs[i * k:(i + 1) * k] for i in range(len(records))]
 

@@ -1,11 +1,8 @@
-"""`python -m ada.runner`: train from a config, or run a sweep (see ada/cli.py, --help).
-
-The loop itself is ada/loop.py; one RL step is ada/step.py.
-"""
-
-import sys
-
-from ada.cli import train_main as main
+"""`python -m ada.runner`: train from a config, or run a sweep (the command is ada/cli/train.py)."""
 
 if __name__ == "__main__":
+    import sys
+
+    from ada.cli.train import main
+
     sys.exit(main())

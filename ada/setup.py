@@ -2,8 +2,10 @@
 train functions. Everything a bad input can break is read here, before anything compiles,
 and fails with a one-line ConfigError naming the knob to change.
 
-`build(config)` is the one entry: the training loop, `python -m ada.evaluate` and the
-difficulty filter all call it, so a run directory is rebuilt exactly as it was trained.
+`build(config)` builds a training run. The other commands rebuild a run's pieces from its
+directory with the same functions: `load_run` (config, tokenizer, model and the params of a
+checkpoint) and `make_engine` (the one sampler factory), so evaluation, serving, the pass-rate
+filter and the planner sample exactly as training does.
 """
 
 from __future__ import annotations
@@ -16,25 +18,21 @@ import os
 from typing import Any
 
 import jax
-import numpy as np
 
-from ada import methods
 from ada import sharding as shd
-from ada.adaptive.collect import CollectConfig
-from ada.config import ConfigError
+from ada import warmstart
+from ada.checkpoint import Checkpointer
+from ada.config import ConfigError, collect_config, load_run_config, train_config
 from ada.data.preprocess import DifficultyFilter, difficulty_filter
 from ada.data.sources import DataError, RecordFormat, load_records
 from ada.data.synthetic import make_dataset
 from ada.data.tfds_source import TfdsError, load_tfds  # imports TensorFlow only when called
+from ada.evaluation import pass_rates
 from ada.models import init_params, preset
 from ada.models.hf import load_hf
 from ada.models.hf_config import read_config
-from ada.rewards.math_verifier import math_reward
-from ada.rewards.score import score
-from ada.rewards.tasks import arithmetic_reward, countdown_reward
-from ada.rl.losses import LossConfig
-from ada.rl.optimizer import OptimConfig
-from ada.rl.train import TrainConfig, TrainFns, make_train_fns
+from ada.rewards import REWARD_NAMES, get_reward_fn
+from ada.rl.train import TrainFns, make_train_fns
 from ada.rollout import Rollout
 from ada.sampling.engine import Engine
 from ada.sampling.samplers import SamplingConfig
@@ -58,27 +56,36 @@ class Task:
     name: str
 
 
-def load_reward(spec: str):
-    """'package.module:function' -> the reward callable (reward(record, text) -> float)."""
+def reward_spec(config) -> str:
+    """The run's reward: data.reward, else its task's own (arithmetic, countdown, math)."""
+    d = config.data
+    return d.reward or (d.source if d.source in ("arithmetic", "countdown") else "math")
+
+
+def load_reward(spec: str, knob: str = "data.reward"):
+    """A reward name (math, arithmetic, countdown) or 'package.module:function' -> the reward
+    callable (reward(record, text) -> float)."""
+    if spec in REWARD_NAMES:
+        return get_reward_fn(spec)
     mod, _, fn = spec.partition(":")
     try:
         return getattr(importlib.import_module(mod), fn)
     except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError(f"data.reward={spec!r} cannot be imported ({e}); "
-                          "write it as package.module:function") from None
+        raise ConfigError(f"{knob}={spec!r} cannot be imported ({e}); write it as "
+                          f"package.module:function or one of {', '.join(REWARD_NAMES)}") from None
 
 
 def load_task(config) -> Task:
     d = config.data
-    on_bad_row = d.get("on_bad_row", "raise")
+    on_bad_row = d.on_bad_row
     if d.source in ("arithmetic", "countdown"):
-        mix = parse_mix(d.difficulty)
+        mix = parse_mix(d.level_mix)
         train, evals = (make_dataset(d.source, num, seed=d.task_seed, difficulty_mix=mix, split=split)
                         for num, split in ((d.num_train, "train"), (d.num_eval, "test")))
         if d.source == "arithmetic":
-            task = Task(train, evals, arithmetic_reward, lambda r: " " + r["answer"], d.source)
+            task = Task(train, evals, None, lambda r: " " + r["answer"], d.source)
         else:
-            task = Task(train, evals, countdown_reward, lambda r: " " + r["solution"], d.source)
+            task = Task(train, evals, None, lambda r: " " + r["solution"], d.source)
     elif d.source in ("jsonl", "parquet", "tfds"):
         fmt = RecordFormat(problem_key=d.problem_key, answer_key=d.answer_key)
 
@@ -112,37 +119,36 @@ def load_task(config) -> Task:
             train = read(d.train_path)
             evals = read(d.eval_path) if d.eval_path else []
             name = os.path.basename(d.train_path)
-        task = Task(train, evals[: d.num_eval or None], math_reward, None, name)
+        task = Task(train, evals[: d.num_eval or None], None, None, name)
     else:
         raise ConfigError(f"data.source={d.source!r} is not one of arithmetic, countdown, "
                           "jsonl, parquet, tfds")
-    if d.reward:
-        task.reward = load_reward(d.reward)
+    task.reward = load_reward(reward_spec(config))
     return task
 
 
-def parse_mix(difficulty: str) -> dict[int, float]:
+def parse_mix(level_mix: str) -> dict[int, float]:
     """'1:0.3,2:0.5,3:0.2' -> {1: 0.3, 2: 0.5, 3: 0.2}; a bare level has weight 1."""
     out = {}
-    for part in str(difficulty).split(","):
+    for part in str(level_mix).split(","):
         if not part.strip():
             continue
         level, _, weight = part.partition(":")
         try:
             out[int(level)] = float(weight) if weight else 1.0
         except ValueError:
-            raise ConfigError(f"data.difficulty={difficulty!r}: write level:weight pairs, "
+            raise ConfigError(f"data.level_mix={level_mix!r}: write level:weight pairs, "
                               "e.g. '1:0.3,2:0.5,3:0.2'") from None
     return out
 
 
-def encode_records(records, tokenizer: Tokenizer, template: str,
-                   max_len: int) -> tuple[list[dict], list[int]]:
+def encode_records(records, tokenizer: Tokenizer, template: str, max_len: int,
+                   instruction: str | None = None) -> tuple[list[dict], list[int]]:
     """Attach `prompt_tokens` to each record; returns (the records that fit in max_len, the
     token lengths of those that do not)."""
     out, too_long = [], []
     for r in records:
-        ids = encode_prompt(tokenizer, template, r["problem"])
+        ids = encode_prompt(tokenizer, template, r["problem"], instruction)
         if len(ids) > max_len:
             too_long.append(len(ids))
             continue
@@ -206,39 +212,9 @@ def check_context_window(config, model_cfg) -> None:
             "(or eval.max_new_tokens) or data.max_prompt_len")
 
 
-NEAR_MISSES = (-2, -1, 1, 2)  # what a noisy teacher answers instead of the true integer
-TEACHER_COPIES = 5  # warm-start examples per record when the teacher is noisy
-
-
-def warm_start_examples(records, task: Task, tokenizer: Tokenizer, noise: float, seed: int):
-    """(prompt tokens, target tokens) of the warm start. With teacher noise q > 0 each
-    record with an integer answer appears TEACHER_COPIES times, round(q * copies) of them
-    answered by a near miss (answer -2, -1, +1 or +2). Trained on after the exact answers
-    (warmstart.noise_steps), it keeps the answer as the policy's most likely reply but
-    spreads mass to its neighbours: a policy whose pass@k far exceeds its pass@1, as a
-    pretrained LLM's (the regime RL sharpens; docs/results.md)."""
-    eos = tokenizer.eos_id
-    rng = np.random.default_rng(seed)
-    wrong = round(noise * TEACHER_COPIES)
-    out = []
-    for r in records:
-        target = tokenizer.encode(task.response(r)) + [eos]
-        answer = r["answer"]
-        if not wrong or not answer.lstrip("-").isdigit():
-            out.append((r["prompt_tokens"], target))
-            continue
-        out += [(r["prompt_tokens"], target)] * (TEACHER_COPIES - wrong)
-        for d in rng.choice(NEAR_MISSES, size=wrong, replace=False):
-            miss = task.response(dict(r, answer=str(int(answer) + int(d))))
-            out.append((r["prompt_tokens"], tokenizer.encode(miss) + [eos]))
-    return out
-
-
 def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_records):
     """(params, warm-start info): a Hugging Face checkpoint, a random init, or a random init
     with the (cached) supervised warm start on the synthetic task."""
-    from ada import warmstart
-
     c = config
     if c.model.path:
         return load_hf(c.model.path, dtype=c.model.dtype, param_dtype=c.model.param_dtype)[0], {}
@@ -254,23 +230,23 @@ def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_re
     settings = dict(steps=w.steps, batch_size=w.batch_size, lr=w.lr)
     key = warmstart.cache_key(model_cfg, vocab_fp, train_records, task.name, settings, w.seed)
     params, info = warmstart.warm_start(
-        examples=warm_start_examples(train_records, task, tokenizer, 0.0, w.seed),
+        examples=warmstart.examples(train_records, task, tokenizer, 0.0, w.seed),
         key_parts=key, steps=w.steps, lr=w.lr, seed=w.seed, **common)
-    noise_steps = w.get("noise_steps", 0)  # absent from runs older than the noisy phase
+    noise_steps = w.noise_steps
     if not noise_steps:
         return params, info
     # The noisy teacher's phase continues from the exact one (both cached; keyed as a chain).
     settings.update(teacher_noise=w.teacher_noise, noise_steps=noise_steps, noise_lr=w.noise_lr)
     key = warmstart.cache_key(model_cfg, vocab_fp, train_records, task.name, settings, w.seed)
     return warmstart.warm_start(
-        examples=warm_start_examples(train_records, task, tokenizer, w.teacher_noise, w.seed),
+        examples=warmstart.examples(train_records, task, tokenizer, w.teacher_noise, w.seed),
         key_parts=key, steps=noise_steps, lr=w.noise_lr, seed=w.seed + 1, init=params, **common)
 
 
 # ----------------------------------------------------------------------------- training, sampling
 
 
-def make_mesh(config):
+def train_mesh(config):
     """None (plain jit) on one device; else a (data, fsdp, tensor) mesh over all devices."""
     n = jax.device_count()
     data, fsdp, tensor = config.mesh.data, config.mesh.fsdp, config.mesh.tensor
@@ -284,82 +260,92 @@ def make_mesh(config):
     return shd.make_mesh((data, fsdp, tensor))
 
 
-def train_config(config) -> TrainConfig:
-    o = config.optim
-    return TrainConfig(
-        loss=LossConfig(eps_low=o.clip_low, eps_high=o.clip_high,
-                        dual_clip_c=o.dual_clip if o.dual_clip > 1 else None,
-                        agg_mode=o.loss_agg, entropy_coef=o.entropy_coef, kl_coef=o.kl_coef,
-                        kl_estimator=o.get("kl_estimator", "k3")),
-        optim=OptimConfig(lr=o.lr, warmup_steps=o.warmup_steps, weight_decay=o.weight_decay,
-                          clip_norm=o.grad_clip if o.grad_clip > 0 else None),
-        ppo_epochs=o.epochs, mini_batches=o.mini_batches, micro_batches=o.micro_batches,
-        remat=config.model.remat, temperature=config.sampling.temperature or 1.0)
-
-
-def collect_config(config) -> CollectConfig:
-    a = config.adaptive
-    return methods.collect_config(
-        config.method, n=a.n, samples_per_round=a.samples_per_round, max_rounds=a.max_rounds,
-        threshold=a.positive_threshold, reward_range=tuple(a.reward_range),
-        scheduler=a.scheduler, max_prompt_batches=a.dapo_max_batches,
-        overlap_scoring=a.get("overlap_scoring", True))  # absent from runs older than the key
-
-
-def make_engine(config, model_cfg, tokenizer: Tokenizer, *, temperature: float,
-                max_new_tokens: int) -> Engine:
-    """A sampling engine on this process's devices (`sampling.mesh` = (data, tensor), laid
-    out by ada.sharding.local_mesh): generation is process-local."""
-    s = config.sampling
-    prompt_len = 1 << max(0, (config.data.max_prompt_len - 1).bit_length())
-    data, tensor = s.get("mesh", (1, 1))  # absent from runs older than the key: one device
+def sampling_mesh(config):
+    """This process's devices as `sampling.mesh` = (data, tensor) (ada.sharding.local_mesh;
+    generation is process-local), or None on a single device."""
+    data, tensor = config.sampling.mesh
     n = jax.local_device_count()
     if data == -1:
         data = n // tensor
     if data < 1 or n % (data * tensor):
-        raise ConfigError(f"sampling.mesh={tuple(s.mesh)} does not divide this process's {n} "
-                          f"devices; choose (data, tensor) whose product divides {n} "
-                          "(data=-1: all of them)")
-    if s.num_slots % data:
-        raise ConfigError(f"sampling.num_slots={s.num_slots} does not split over sampling.mesh "
-                          f"data={data}; use a multiple of {data}")
-    mesh = shd.local_mesh(data, tensor) if jax.device_count() > 1 else None
-    return Engine(model_cfg, num_slots=s.num_slots, max_prompt_len=prompt_len,
-                  max_new_tokens=max_new_tokens,
+        raise ConfigError(f"sampling.mesh={tuple(config.sampling.mesh)} does not divide this "
+                          f"process's {n} devices; choose (data, tensor) whose product divides "
+                          f"{n} (data=-1: all of them)")
+    return shd.local_mesh(data, tensor) if jax.device_count() > 1 else None
+
+
+def make_engine(config, model_cfg, tokenizer: Tokenizer | None, mesh=None, *,
+                temperature: float | None = None, max_new_tokens: int | None = None,
+                num_slots: int | None = None) -> Engine:
+    """The one sampler factory (training, evaluation, pass rates, serving, the planner): the
+    engine `config.sampling` describes, for prompts of data.max_prompt_len tokens. `mesh`:
+    default this process's `sampling_mesh`; the planner passes abstract TPU chips. Without a
+    tokenizer it stops at no EOS id (the planner: no compiled shape depends on them).
+    temperature, max_new_tokens and num_slots default to the sampling section's."""
+    s = config.sampling
+    mesh = sampling_mesh(config) if mesh is None else mesh
+    num_slots = s.num_slots if num_slots is None else num_slots
+    data = 1 if mesh is None else mesh.shape["data"]
+    if num_slots < 1 or num_slots % data:
+        raise ConfigError(f"sampling.num_slots={num_slots} does not split over sampling.mesh "
+                          f"data={data}; use a positive multiple of {data}")
+    prompt_len = 1 << max(0, (config.data.max_prompt_len - 1).bit_length())
+    temperature = s.temperature if temperature is None else temperature
+    return Engine(model_cfg, num_slots=num_slots, max_prompt_len=prompt_len,
+                  max_new_tokens=s.max_new_tokens if max_new_tokens is None else max_new_tokens,
                   sampling=SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p),
-                  eos_ids=tuple(tokenizer.eos_ids), chunk_size=s.chunk_size, mesh=mesh,
-                  slot_bucketing=s.slot_bucketing, max_prefill_rows=s.max_prefill_rows,
-                  num_windows=s.get("num_windows", 4),  # absent from runs older than the key
+                  eos_ids=tuple(tokenizer.eos_ids) if tokenizer is not None else (),
+                  chunk_size=s.chunk_size, mesh=mesh, slot_bucketing=s.slot_bucketing,
+                  max_prefill_rows=s.max_prefill_rows, num_windows=s.num_windows,
                   min_prompt_bucket=min(16, prompt_len))
 
 
-# ----------------------------------------------------------------------------- prompt difficulty
+# ----------------------------------------------------------------------------- pass rates
 
 
-def filter_by_pass_rate(c, records: list[dict], params, rollout: Rollout, warm_info: dict):
+PASS_RATE_SEED = 0  # one key for every pass rate: the same easy / hard set for every RL seed
+
+
+def pass_rate_settings(config, policy: str, k: int, instruction: str | None = None,
+                       seed: int = PASS_RATE_SEED) -> dict:
+    """Everything that changes a policy's pass rates, in one place: the cache key of the
+    run's `data.pass_rate_range` and of `python -m ada.data.difficulty`."""
+    s = config.sampling
+    return {"policy": policy, "template": config.tokenizer.template, "instruction": instruction,
+            "reward": reward_spec(config), "threshold": config.adaptive.positive_threshold,
+            "k": k, "seed": seed, "temperature": s.temperature, "top_p": s.top_p,
+            "top_k": s.top_k, "max_new_tokens": s.max_new_tokens,
+            "max_prompt_len": config.data.max_prompt_len}
+
+
+def initial_policy(config, model_cfg, warm_info: dict) -> str:
+    """What the run's initial params are, for cache keys: the HF checkpoint, the cached warm
+    start, or the seeded random init of this model."""
+    if config.model.path:
+        return os.path.abspath(config.model.path)
+    shape = hashlib.sha256(repr(model_cfg).encode()).hexdigest()[:12]
+    return warm_info.get("path") or f"random-init-{shape}-seed{config.seed}"
+
+
+def filter_by_pass_rate(c, records: list[dict], params, model_cfg, rollout: Rollout,
+                        warm_info: dict):
     """The training prompts whose pass rate under the initial policy lies in
     data.pass_rate_range: the paper's easy / hard prompt sets (section 4.1), chosen by the
-    policy that starts training. Pass rates come from data.pass_rate_samples draws at the
-    sampling temperature with a fixed key (the same set for every RL seed) and are cached
-    per policy and sampling setting, so a second run with the same start does not sample."""
+    policy that starts training. Pass rates are data.pass_rate_samples draws
+    (`ada.evaluation.pass_rates`), cached by `pass_rate_settings` and the records, so a
+    second run with the same start does not sample."""
     lo, hi = c.data.pass_rate_range
-    k = c.data.pass_rate_samples
-    policy = warm_info.get("path") or c.model.path or f"random-init-{c.seed}"
-    tag = hashlib.sha256(repr((policy, k, c.sampling.temperature, c.sampling.max_new_tokens,
-                               c.data.source, c.data.train_path, c.data.difficulty,
-                               c.data.task_seed, c.data.num_train)).encode()).hexdigest()[:16]
-    key = jax.random.key(c.warmstart.seed + 104_729)
-    place = {r["id"]: i for i, r in enumerate(records)}
-
-    def sample_fn(chunk, k):  # a record draws as its place in the split, whatever the chunk
-        outs = rollout.sample(params, chunk, k, key, place[chunk[0]["id"]])
-        texts = [o.text for row in outs for o in row]
-        rewards, _ = score(rollout.reward, [r for r in chunk for _ in range(k)], texts)
-        return rewards.reshape(len(chunk), k)
-
-    kept, _ = difficulty_filter(records, sample_fn, DifficultyFilter(k=k, min_pass_rate=lo,
-                                                                     max_pass_rate=hi),
-                                os.path.join(cache_dir(c), "passrates", f"{tag}.jsonl"))
+    settings = pass_rate_settings(c, initial_policy(c, model_cfg, warm_info),
+                                  c.data.pass_rate_samples)
+    data_id = hashlib.sha256("\x00".join(f"{r['id']}\x01{r['problem']}\x01{r['answer']}"
+                                         for r in records).encode()).hexdigest()
+    tag = hashlib.sha256(repr((sorted(settings.items()), data_id)).encode()).hexdigest()[:16]
+    rates, _ = pass_rates(records, rollout, params, k=c.data.pass_rate_samples,
+                          seed=PASS_RATE_SEED, threshold=c.adaptive.positive_threshold,
+                          cache_path=os.path.join(cache_dir(c), "passrates", f"{tag}.jsonl"),
+                          settings=settings)
+    kept, _ = difficulty_filter(records, rates, DifficultyFilter(
+        k=c.data.pass_rate_samples, min_pass_rate=lo, max_pass_rate=hi))
     if len(kept) < c.data.prompts_per_step:
         raise ConfigError(f"data.pass_rate_range={tuple(c.data.pass_rate_range)} keeps {len(kept)}"
                           f" of {len(records)} training prompts, fewer than data.prompts_per_step="
@@ -367,6 +353,52 @@ def filter_by_pass_rate(c, records: list[dict], params, rollout: Rollout, warm_i
     log.info("pass-rate filter %s: kept %d of %d training prompts", (lo, hi), len(kept),
              len(records))
     return kept
+
+
+# ----------------------------------------------------------------------------- a saved run
+
+
+@dataclasses.dataclass
+class LoadedRun:
+    config: Any
+    model_cfg: Any
+    tokenizer: Tokenizer
+    params: Any
+    step: int | None  # the checkpoint's step; None: the run's initial params
+    policy: str  # what the params are, for labels and cache keys
+
+
+def load_run(workdir: str | None, step: int | None = None, *, config=None) -> LoadedRun:
+    """A run directory's config, tokenizer, model config and the params of its checkpoint
+    `step` (default the latest; the run's initial params when it has none yet). With no
+    workdir, `config`'s own initial params: a Hugging Face model directory (model.path), a
+    seeded init or the cached warm start. `config` with a workdir: the saved config with a
+    command's overrides (prompt template, sampling) for the caller to sample with; the
+    tokenizer, model and params are always the run's own (default: the saved config). The one loader of evaluation,
+    serving and the pass-rate filter; data files are read only when the tokenizer or the warm
+    start needs them."""
+    ckpt, built = None, config  # what the params were made with (the run's own tokenizer)
+    if workdir is not None:
+        built = load_run_config(workdir)
+        config = built if config is None else config
+        ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+        step = ckpt.pick_step(step)
+    task = None if built.tokenizer.path or built.model.path else load_task(built)
+    tokenizer = load_tokenizer_for(built, task)
+    model_cfg = model_config_for(built, tokenizer)
+    if step is not None:
+        params = ckpt.restore_params(step)[0]["params"]
+        policy = f"{os.path.abspath(ckpt.directory)}/{step}"
+    else:
+        if task is None and built.warmstart.enabled:
+            task = load_task(built)
+        train = encode_records(task.train, tokenizer, built.tokenizer.template,
+                               built.data.max_prompt_len)[0] if task else []
+        params, warm_info = initial_params(built, model_cfg, tokenizer, task, train)
+        policy = initial_policy(built, model_cfg, warm_info)
+    if ckpt is not None:
+        ckpt.close()
+    return LoadedRun(config, model_cfg, tokenizer, params, step, policy)
 
 
 # ----------------------------------------------------------------------------- the whole run
@@ -378,7 +410,7 @@ class Setup:
     task: Task
     tokenizer: Tokenizer
     model_cfg: Any
-    params: Any  # the initial params (None when built with initial=False)
+    params: Any  # the initial params
     warm_info: dict
     train_records: list[dict]  # with prompt_tokens; prompts too long for the run dropped
     eval_records: list[dict]
@@ -389,9 +421,8 @@ class Setup:
     eval_rollout: Rollout  # held-out samples (eval temperature and length)
 
 
-def build(config, *, initial: bool = True) -> Setup:
-    """Everything a run holds, from a validated config. `initial=False` skips the initial
-    params (and the warm start) for callers that restore a checkpoint instead."""
+def build(config) -> Setup:
+    """Everything a training run holds, from a validated config."""
     c = config
     task = load_task(c)
     tokenizer = load_tokenizer_for(c, task)
@@ -410,9 +441,8 @@ def build(config, *, initial: bool = True) -> Setup:
                                      "--config.data.max_prompt_len"))
     model_cfg = model_config_for(c, tokenizer)
     check_context_window(c, model_cfg)
-    params, warm_info = (initial_params(c, model_cfg, tokenizer, task, train_records)
-                         if initial else (None, {}))
-    mesh = make_mesh(c)
+    params, warm_info = initial_params(c, model_cfg, tokenizer, task, train_records)
+    mesh = train_mesh(c)
     s, e = c.sampling, c.eval
 
     def rollout(temperature, max_new_tokens):
@@ -421,8 +451,9 @@ def build(config, *, initial: bool = True) -> Setup:
         return Rollout(engine, tokenizer, collect_config(c), task.reward)
 
     train_rollout = rollout(s.temperature, s.max_new_tokens)
-    if params is not None and tuple(c.data.get("pass_rate_range", (0.0, 1.0))) != (0.0, 1.0):
-        train_records = filter_by_pass_rate(c, train_records, params, train_rollout, warm_info)
+    if tuple(c.data.pass_rate_range) != (0.0, 1.0):
+        train_records = filter_by_pass_rate(c, train_records, params, model_cfg, train_rollout,
+                                            warm_info)
     eval_new = e.max_new_tokens or s.max_new_tokens
     same = e.temperature == s.temperature and eval_new == s.max_new_tokens
     return Setup(c, task, tokenizer, model_cfg, params, warm_info, train_records, eval_records,

@@ -28,6 +28,34 @@ from ada.models.transformer import ModelConfig, forward, init_params, positions_
 log = logging.getLogger(__name__)
 
 
+NEAR_MISSES = (-2, -1, 1, 2)  # what a noisy teacher answers instead of the true integer
+TEACHER_COPIES = 5  # warm-start examples per record when the teacher is noisy
+
+
+def examples(records, task, tokenizer, noise: float, seed: int):
+    """(prompt tokens, target tokens) of the warm start. With teacher noise q > 0 each
+    record with an integer answer appears TEACHER_COPIES times, round(q * copies) of them
+    answered by a near miss (answer -2, -1, +1 or +2). Trained on after the exact answers
+    (warmstart.noise_steps), it keeps the answer as the policy's most likely reply but
+    spreads mass to its neighbours: a policy whose pass@k far exceeds its pass@1, as a
+    pretrained LLM's (the regime RL sharpens; docs/results.md)."""
+    eos = tokenizer.eos_id
+    rng = np.random.default_rng(seed)
+    wrong = round(noise * TEACHER_COPIES)
+    out = []
+    for r in records:
+        target = tokenizer.encode(task.response(r)) + [eos]
+        answer = r["answer"]
+        if not wrong or not answer.lstrip("-").isdigit():
+            out.append((r["prompt_tokens"], target))
+            continue
+        out += [(r["prompt_tokens"], target)] * (TEACHER_COPIES - wrong)
+        for d in rng.choice(NEAR_MISSES, size=wrong, replace=False):
+            miss = task.response(dict(r, answer=str(int(answer) + int(d))))
+            out.append((r["prompt_tokens"], tokenizer.encode(miss) + [eos]))
+    return out
+
+
 def cache_key(model_cfg: ModelConfig, vocab_fingerprint: str, records: Sequence[dict],
               response_fn_tag: str, settings: dict, seed: int) -> str:
     h = hashlib.sha256()

@@ -47,7 +47,9 @@ VARIANTS = ("grpo_n4", "grpo_n32", "dapo", "ada_pos", "ada_balance", "ada_balanc
 MIXES = ("skewed", "uniform")
 
 
-def config_of(method: str, n: int, M: int, N: int):
+def config_of(method: str, n: int, M: int, N: int, dapo_max_batches: int = 8):
+    if method == "dapo":
+        return method_config("dapo", n=n, dapo_max_batches=dapo_max_batches)
     if method == "grpo_n4":
         return method_config("grpo", n=n)
     if method == "grpo_n32":
@@ -66,7 +68,7 @@ def run_simulated(args) -> dict:
         out[mix]["_uniform_group_share_n4"] = uniform_group_share(
             [p.pass_rate for p in first], args.n)
         for method in VARIANTS:
-            cfg = config_of(method, args.n, args.M, args.N)
+            cfg = config_of(method, args.n, args.M, args.N, args.dapo_max_batches)
             drv = SimulatedDriver(SimulatedPolicy(seed=args.seed), args.slots)
             col = Collector(cfg, sim_reward, driver=drv)
             more = prompt_stream(mix, args.seed + 1, start_uid=10**7)  # DAPO's extra prompts
@@ -109,8 +111,7 @@ def run_engine(args) -> dict:
     """Rounds vs continuous on ada.sampling's Driver with a tiny random model."""
     from ada.models.presets import preset
     from ada.models.transformer import init_params
-    from ada.sampling.driver import Driver
-    from ada.sampling.driver import Request
+    from ada.sampling.driver import Driver, Request
     from ada.sampling.engine import Engine
 
     config = preset("tiny", family="qwen2")
@@ -176,6 +177,9 @@ def main(argv=None):
     ap.add_argument("--M", type=int, default=8)
     ap.add_argument("--N", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dapo-max-batches", type=int, default=8,
+                    help="DAPO's prompt batches per collection at most (docs/results.md: 8; "
+                         "a run's adaptive.dapo_max_batches defaults to 4)")
     ap.add_argument("--no-engine", action="store_true", help="skip the real-engine part")
     ap.add_argument("--engine-prompts", type=int, default=32)
     ap.add_argument("--engine-batches", type=int, default=2)

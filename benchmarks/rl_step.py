@@ -64,9 +64,9 @@ def config_for(args, method: str):
     c.adaptive.n = args.n
     c.sampling.max_new_tokens = args.new_tokens
     c.sampling.num_slots = args.slots
-    c.optim.mini_batches = args.mini_batches
-    c.optim.epochs = args.epochs
-    c.optim.kl_coef = args.kl_coef
+    c.train.mini_batches = args.mini_batches
+    c.train.epochs = args.epochs
+    c.loss.kl_coef = args.kl_coef
     c.model.dtype = c.model.param_dtype = args.dtype
     c.model.remat = args.remat
     return c
@@ -113,9 +113,9 @@ def bench_method(args, method: str, params, model_cfg, batches) -> dict:
     rollout.collect = collect
     fns = dataclasses.replace(fns, train_step=train, logps=logps)
     layout = BatchLayout(prompt_len=engine.max_prompt_len, response_len=args.new_tokens,
-                         pad_id=tokenizer.pad_id, mini_batches=c.optim.mini_batches)
+                         pad_id=tokenizer.pad_id, mini_batches=c.train.mini_batches)
     state = fns.init_state(jax.tree.map(jax.numpy.copy, params))
-    ref = params if c.optim.kl_coef > 0 else None
+    ref = params if c.loss.kl_coef > 0 else None
     rows, key = [], jax.random.key(args.seed)
     for s, prompts in enumerate(batches):
         for t in (collect, logps, train):

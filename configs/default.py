@@ -25,51 +25,30 @@ from configs import common
 
 
 def get_config(arg=None):
-    c = common.base()
-    c.seed = 0
-    c.model.preset = "tiny"
-    c.model.family = "qwen2"
-    c.tokenizer.template = "plain"
-    c.tokenizer.vocab_size = 96
+    c = common.base()  # a tiny model (the preset) on synthetic arithmetic, seed 0
 
-    c.data.source = "arithmetic"
-    c.data.difficulty = "2:1"
+    c.data.level_mix = "2:1"  # two-digit addition / subtraction only
     c.data.num_train = 4000
     c.data.num_eval = 192
     c.data.prompts_per_step = 128
-    c.data.max_prompt_len = 32
 
-    c.adaptive.n = 4
-    c.adaptive.samples_per_round = 8
-    c.adaptive.max_rounds = 4
-    c.adaptive.positive_threshold = 0.5
-
-    c.sampling.temperature = 1.0
     c.sampling.max_new_tokens = 8
     c.sampling.num_slots = 128
-    c.sampling.chunk_size = 8
     c.sampling.mesh = (1, 1)  # one device, as the train step (mesh.data below)
 
     c.optim.lr = 3e-4
     c.optim.warmup_steps = 5
-    c.optim.entropy_coef = 1e-4
-    c.optim.mini_batches = 1
 
     c.train.steps = 200
     c.eval.every = 25
     c.eval.samples = 8
-    c.eval.temperature = 1.0
     c.eval.pass_k = (1, 4, 8)
-    c.checkpoint.every = 50
     c.checkpoint.keep = 2
 
     c.warmstart.enabled = True
     c.warmstart.steps = 5000
     c.warmstart.teacher_noise = 0.6
     c.warmstart.noise_steps = 500
-    c.warmstart.noise_lr = 1e-3
-    c.warmstart.batch_size = 64
-    c.warmstart.lr = 3e-3
 
     c.mesh.data = 1  # the tiny model runs on one device
     c.log.update_diagnostics = True

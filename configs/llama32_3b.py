@@ -18,7 +18,7 @@ def get_config(arg=None):
     c = common.paper("models/Llama-3.2-3B-Instruct", family="llama", template="llama32",
                      method=arg or "ada_balance")
     c.mesh.fsdp = 8
-    c.optim.micro_batches = 32
+    c.train.micro_batches = 32
     c.sampling.mesh = (2, 4)
     c.sampling.num_slots = 64  # per host
     return c

@@ -18,7 +18,7 @@ def get_config(arg=None):
     c = common.paper("models/Qwen2.5-Math-1.5B", family="qwen2", template="qwen25_math",
                      method=arg or "ada_balance")
     c.mesh.fsdp = 4
-    c.optim.micro_batches = 32
+    c.train.micro_batches = 32
     c.sampling.mesh = (2, 2)
     c.sampling.num_slots = 160  # per host
     return c

@@ -18,7 +18,7 @@ def get_config(arg=None):
     c = common.paper("models/Qwen2.5-Math-7B", family="qwen2", template="qwen25_math",
                      method=arg or "ada_balance")
     c.mesh.fsdp = 16
-    c.optim.micro_batches = 16
+    c.train.micro_batches = 16
     c.sampling.mesh = (1, 4)
     c.sampling.num_slots = 80  # per host
     return c

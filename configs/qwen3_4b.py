@@ -18,7 +18,7 @@ def get_config(arg=None):
     c = common.paper("models/Qwen3-4B-Instruct-2507", family="qwen3", template="qwen3",
                      method=arg or "ada_balance")
     c.mesh.fsdp = 8
-    c.optim.micro_batches = 64
+    c.train.micro_batches = 64
     c.sampling.mesh = (2, 4)
     c.sampling.num_slots = 48  # per host
     return c

@@ -46,7 +46,7 @@ def test_trimmed_batch_is_the_full_batch_without_its_padding_columns():
     assert (lp, lr) == (max(len(p["prompt_tokens"]) for p in col.prompts),
                         max(len(c.token_ids) for row in col.completions for c in row if c))
     assert FULL.fit(lp, lr) == dataclasses.replace(FULL, prompt_len=16, response_len=16)
-    full = build_train_batch(col, adv, dataclasses.replace(FULL, trim=False))
+    full = build_train_batch(col, adv, dataclasses.replace(FULL, trim_padding=False))
     cut = build_train_batch(col, adv, FULL)
     assert all(v.shape[1] == 32 for k, v in cut.items() if k != "advantages")
     keep = np.r_[FULL.prompt_len - 16:FULL.prompt_len + 16]
@@ -54,7 +54,7 @@ def test_trimmed_batch_is_the_full_batch_without_its_padding_columns():
     for k in ("tokens", "positions", "mask", "response_mask"):
         np.testing.assert_array_equal(cut[k], full[k][:, keep], err_msg=k)
     np.testing.assert_array_equal(cut["advantages"], full["advantages"])
-    off = dataclasses.replace(FULL, trim=False)
+    off = dataclasses.replace(FULL, trim_padding=False)
     assert off.fit(lp, lr) is off
 
 
@@ -68,7 +68,7 @@ def test_update_on_the_trimmed_batch_equals_the_full_one():
     """The same old log-probs, metrics and updated parameters (two epochs of two mini-batches
     of two micro-batches), up to the float summation order of the shorter rows, which Adam's
     normalisation magnifies for parameters whose gradient is ~0: hence 1% of a step."""
-    config = train.TrainConfig(optim=OptimConfig(lr=1e-3, warmup_steps=0), ppo_epochs=2,
+    config = train.TrainConfig(optim=OptimConfig(lr=1e-3, warmup_steps=0), epochs=2,
                                mini_batches=2, micro_batches=2)
     col = collected(seed=3)
     adv = np.random.default_rng(4).normal(size=(8, 4)).astype(np.float32)
@@ -77,7 +77,7 @@ def test_update_on_the_trimmed_batch_equals_the_full_one():
     fitted = FULL.fit(*longest(col))
     keep = np.r_[FULL.prompt_len - fitted.prompt_len:FULL.prompt_len + fitted.response_len]
     out = []
-    for layout in (dataclasses.replace(FULL, trim=False), FULL):
+    for layout in (dataclasses.replace(FULL, trim_padding=False), FULL):
         state = fns.init_state(jax.tree.map(np.copy, params))
         batch = fns.add_logps(state, fns.shard_batch(build_train_batch(col, adv, layout)))
         state, m = fns.train_step(state, batch)

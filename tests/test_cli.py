@@ -122,7 +122,7 @@ def test_training_warns_when_many_prompts_are_too_long(tmp_path, caplog):
     from ada import setup
 
     cfg = C.build_config(DEFAULT, [("warmstart.enabled", "false"), ("data.num_train", "64"),
-                                   ("data.difficulty", "1:1,3:1"),
+                                   ("data.level_mix", "1:1,3:1"),
                                    ("warmstart.cache_dir", str(tmp_path / "cache"))])
     task = setup.load_task(cfg)
     tok = setup.load_tokenizer_for(cfg, task)
@@ -130,7 +130,7 @@ def test_training_warns_when_many_prompts_are_too_long(tmp_path, caplog):
                setup.encode_records(task.train, tok, cfg.tokenizer.template, 10**6)[0]]
     cfg.data.max_prompt_len = int(np.median(lengths))
     with caplog.at_level(logging.WARNING, logger="ada.setup"):
-        s = setup.build(cfg, initial=False)
+        s = setup.build(cfg)
     assert 0 < s.dropped_prompts < len(task.train)
     msg = " ".join(r.getMessage() for r in caplog.records)
     assert f"{s.dropped_prompts} of {len(task.train)} training prompts" in msg

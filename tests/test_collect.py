@@ -1,6 +1,9 @@
 """Collector: round loop and continuous scheduler vs a brute-force reference of the rounds."""
 
+import dataclasses
+import importlib.util
 import itertools
+import os
 
 import jax
 import numpy as np
@@ -19,12 +22,12 @@ from ada.adaptive.simulate import (
     SimulatedPolicy,
     prompt_stream,
     sim_reward,
-    simulated_generate,
 )
 from ada.methods import collect_config as method_config
 from ada.rl.advantages import advantages
 
-THR = 0.7
+THR = 0.5
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def outcomes(prompts, policy, budget):
@@ -83,7 +86,7 @@ def check_groups(out, n, budget):
 @pytest.mark.parametrize("rule", ["pos", "balance", "none"])
 def test_rounds_match_reference(prompts, rule):
     pol = SimulatedPolicy(seed=1)
-    cfg = CollectConfig(rule=rule, n=4, samples_per_round=3, max_rounds=4, threshold=THR)
+    cfg = CollectConfig(rule=rule, n=4, samples_per_round=3, max_rounds=4, positive_threshold=THR)
     out = Collector(cfg, sim_reward, driver=SimulatedDriver(pol, 7)).collect(
         prompts, jax.random.key(0))
     want = ref_rounds(outcomes(prompts, pol, cfg.budget), rule, 4, 3, 4)
@@ -194,17 +197,22 @@ def test_bad_rewards_score_zero_and_are_counted(prompts):
     assert np.isfinite(out.rewards).all()
 
 
-def test_generate_callable_round_loop(prompts):
-    """The plain generate(requests) path (no driver) gives the same batch as the driver."""
+class ReversingDriver(SimulatedDriver):
+    """A SimulatedDriver that hands back each step's completions in reverse order."""
+
+    def step(self):
+        return super().step()[::-1]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_rounds_do_not_depend_on_arrival_order_or_slots(prompts, overlap):
+    """A round of many slots, finished responses reversed, gives the batch of a round
+    trickling through 3 slots; with or without overlapped scoring."""
     pol = SimulatedPolicy(seed=6)
-    arrivals = simulated_generate(pol)
-
-    def generate(reqs):
-        return arrivals(reqs)[::-1]  # arrival order must not matter
-
-    a = Collector(method_config("ada_pos"), sim_reward, generate=generate, process_index=2,
+    cfg = method_config("ada_pos", overlap_scoring=overlap)
+    a = Collector(cfg, sim_reward, driver=ReversingDriver(pol, 256), process_index=2,
                   process_count=3).collect(prompts, jax.random.key(3))
-    b = Collector(method_config("ada_pos"), sim_reward, driver=SimulatedDriver(pol, 3),
+    b = Collector(cfg, sim_reward, driver=SimulatedDriver(pol, 3),
                   process_index=2, process_count=3).collect(prompts, jax.random.key(3))
     first = 2 * len(prompts)  # engine-facing ids: this process's global rows
     assert all(c.prompt_id >= first for row in b.completions for c in row)
@@ -215,8 +223,10 @@ def test_generate_callable_round_loop(prompts):
 @pytest.mark.parametrize("kwargs, setting", [
     (dict(samples_per_round=1, max_rounds=3, n=4), "samples_per_round or max_rounds"),
     (dict(n=1), "raise n"),
-    (dict(threshold=1.0), "outside the reward range"),
-    (dict(threshold=-0.5), "outside the reward range"),
+    (dict(positive_threshold=1.0), "outside the reward range"),
+    (dict(positive_threshold=-0.5), "outside the reward range"),
+    (dict(reward_range=(1.0, 2.0), positive_threshold=1.5), "failed reward"),
+    (dict(dapo_max_batches=0), "dapo_max_batches"),
     (dict(rule="balanced"), "rule="),
     (dict(scheduler="async"), "scheduler="),
 ])
@@ -225,11 +235,27 @@ def test_config_rejects_inconsistent_settings(kwargs, setting):
         CollectConfig(**kwargs)
 
 
+def test_config_fields_are_the_adaptive_knobs():
+    """A CollectConfig field named as a knob of the `adaptive` config section has that knob's
+    default, so a CollectConfig built in code behaves as a run's."""
+    spec = importlib.util.spec_from_file_location("_common", os.path.join(ROOT, "configs", "common.py"))
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    knobs = common.base().adaptive
+    fields = {f.name: f.default for f in dataclasses.fields(CollectConfig)}
+    shared = sorted(set(fields) & set(knobs.keys()))
+    assert {"positive_threshold", "dapo_max_batches", "reward_range", "scheduler"} <= set(shared)
+    for name in shared:
+        want = tuple(knobs[name]) if isinstance(fields[name], tuple) else knobs[name]
+        assert fields[name] == want, name
+
+
 def test_collector_needs_an_engine():
     with pytest.raises(ValueError, match="driver"):
-        Collector(method_config("ada_balance", scheduler="continuous"), sim_reward, generate=lambda r: [])
+        Collector(method_config("ada_balance"), sim_reward, driver=None)
     with pytest.raises(ValueError, match="more_prompts"):
-        Collector(method_config("dapo"), sim_reward, generate=lambda r: []).collect(
+        Collector(method_config("dapo"), sim_reward,
+                  driver=SimulatedDriver(SimulatedPolicy(), 4)).collect(
             [SimPrompt(0, 0.5)], jax.random.key(0))
 
 
@@ -246,8 +272,6 @@ def test_dispatch_policy_prefers_uncovered_then_least_loaded():
     # once every need is covered, the least loaded prompt gets the slot (work-conserving)
     assert pol.pick(2, done, [4, 4, 0, 0], [4, 5, 0, 0], pos, neg) == [2, 2]
     assert pol.pick(2, done, [4, 4, 4, 0], [4, 5, 4, 0], pos, neg) == [0, 2]
-    capped = DispatchPolicy("balance", n=4, budget=32, max_inflight=1)
-    assert capped.pick(5, done, dispatched, inflight, pos, neg) == [2]
 
 
 def test_request_echoes_ids():
@@ -317,7 +341,7 @@ def test_dapo_prompt_ids_are_unique_across_processes():
         first = [SimPrompt(100 * pidx + i, 0.0) for i in range(P)]
         more = [SimPrompt(100 * pidx + 10 + i, 0.0) for i in range(2 * P)]
         drv = RecordingDriver(SimulatedPolicy(), 8)
-        out = Collector(method_config("dapo", max_prompt_batches=3), sim_reward, driver=drv,
+        out = Collector(method_config("dapo", dapo_max_batches=3), sim_reward, driver=drv,
                         process_index=pidx, process_count=2).collect(
             first, jax.random.key(0), more_prompts=more)
         assert out.metrics["prompt_batches"] == 3 and len(drv.prompt_ids) == 3 * P

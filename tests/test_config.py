@@ -27,8 +27,10 @@ def test_paper_configs(name, method):
     assert cfg.method == method
     assert (cfg.data.prompts_per_step, cfg.adaptive.n, cfg.adaptive.samples_per_round,
             cfg.adaptive.max_rounds) == (512, 4, 8, 4)
-    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.entropy_coef) == (1e-6, 10, 1e-4)
-    assert (cfg.optim.clip_low, cfg.optim.clip_high) == (0.2, 0.28)
+    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.loss.entropy_coef) == (1e-6, 10, 1e-4)
+    assert (cfg.loss.clip_low, cfg.loss.clip_high, cfg.loss.dual_clip) == (0.2, 0.28, 10.0)
+    assert (cfg.loss.loss_agg, cfg.loss.kl_coef, cfg.optim.grad_clip) == ("token-mean", 0.0, 1.0)
+    assert (cfg.train.mini_batches, cfg.adaptive.positive_threshold) == (4, 0.7)
     assert (cfg.train.steps, cfg.sampling.max_new_tokens, cfg.sampling.temperature) == (600, 2048, 1.0)
     assert cfg.adaptive.normalize_std is None  # the method's own: ada.methods
     # the weights are not here: validation names the model path
@@ -149,7 +151,7 @@ def test_threshold_range_agrees_with_the_collector(threshold, ok):
     cfg = C.build_config(DEFAULT, [("adaptive.positive_threshold", str(threshold))])
     if ok:
         C.validate(cfg)
-        assert setup.collect_config(cfg).threshold == threshold
+        assert setup.collect_config(cfg).positive_threshold == threshold
     else:
         with pytest.raises(C.ConfigError, match="positive_threshold"):
             C.validate(cfg)
@@ -176,7 +178,7 @@ def test_methods_are_defined_once():
 
 
 def test_sweep_prints_one_validated_command_per_point(tmp_path, capsys):
-    from ada.cli import train_main
+    from ada.cli.train import main as train_main
 
     sweep = os.path.join(ROOT, "configs", "sweep_methods.py")
     assert train_main(["--sweep", sweep, "--workdir", str(tmp_path), "--print"]) == 0
@@ -218,3 +220,113 @@ def test_sampler_and_prompt_set_settings_are_validated(key, value):
     c = C.build_config(DEFAULT, [(key, value)])
     with pytest.raises(C.ConfigError, match=key.split(".")[1]):
         C.validate(c)
+
+
+# ----------------------------------------------------------------------------- one name per knob
+
+
+def test_a_run_config_saved_before_the_renames_still_loads(tmp_path, caplog):
+    """config.json of an older run (optim.clip_low, optim.mini_batches, data.difficulty, ...;
+    no sampling.num_windows yet) loads as today's config with the same values."""
+    import json
+    import logging
+
+    from ada.knobs import RENAMED
+
+    want = C.build_config(DEFAULT).to_dict()
+    old = json.loads(json.dumps(want))  # as the run wrote it: tuples are lists
+    for old_key, new_key in RENAMED.items():
+        section, leaf = new_key.split(".")
+        old_section, old_leaf = old_key.split(".")
+        old[old_section][old_leaf] = old[section].pop(leaf)
+    del old["loss"]  # a section that did not exist
+    del old["sampling"]["num_windows"]  # a knob added since: its default
+    old["sampling"]["max_inflight"] = 3  # a knob removed since: dropped with a warning
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    with caplog.at_level(logging.WARNING, logger="ada.config"):
+        got = C.load_run_config(str(tmp_path))
+    assert got.to_dict() == want
+    assert "sampling.max_inflight" in caplog.text
+    C.validate(got)
+    old["optim"]["dual_clip"] = 1.0  # the old convention's "off" is today's 0
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert C.load_run_config(str(tmp_path)).loss.dual_clip == 0.0
+
+
+def test_an_old_key_on_the_command_line_names_the_new_one():
+    with pytest.raises(C.ConfigError, match=r"'optim.clip_low' is now 'loss.clip_low'"):
+        C.build_config(DEFAULT, [("optim.clip_low", "0.1")])
+
+
+def test_describe_prints_one_plain_line_per_knob():
+    cfg = C.load_config(os.path.join(ROOT, "configs", "qwen25_math_7b.py"))
+    text = C.describe(cfg)
+    lines = text.splitlines()
+    assert len(lines) == len(C.flat_keys(cfg))
+    assert "!!" not in text and "&id" not in text and "*id" not in text
+    for line in lines:  # key = value  # description (every knob of base() has one)
+        key, _, rest = line.partition(" = ")
+        value, sep, note = rest.partition("  # ")
+        assert key in C.flat_keys(cfg) and sep and note.strip(), line
+    assert "sampling.mesh = (1, 4)  # " in text
+    assert "data.pass_rate_range = (0.0, 1.0)  # " in text
+
+
+def test_describe_diff_lists_only_the_knobs_that_differ_from_base():
+    from ada.knobs import base_config
+
+    cfg = C.build_config(DEFAULT, [("optim.lr", "0.001")])
+    base = dict(C.leaves(base_config()))
+    differ = {k for k, v in C.leaves(cfg) if v != base[k]}
+    lines = C.describe(cfg, diff=True).splitlines()
+    assert {ln.split(" = ")[0] for ln in lines} == differ
+    assert "optim.lr = 0.001  # learning rate" in lines[[ln.split(" = ")[0] for ln in lines].index("optim.lr")]
+    assert "data.level_mix = '2:1'" in C.describe(cfg, diff=True)
+    assert C.describe(base_config(), diff=True) == ""
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("loss.clip_low", "1.5", r"loss.clip_low=1.5 must be in \[0, 1\)"),
+    ("loss.dual_clip", "0.5", r"loss.dual_clip=0.5 must be > 1 \(or 0 to disable\)"),
+    ("loss.loss_agg", "mean", "loss.loss_agg='mean' is not one of"),
+    ("optim.grad_clip", "-1", "optim.grad_clip=-1.0 must be >= 0"),
+    ("optim.lr", "0", "optim.lr=0.0 must be > 0"),
+    ("train.epochs", "0", "train.epochs=0 must be >= 1"),
+    ("train.mini_batches", "3", "train.mini_batches=3 does not divide the 128 prompts"),
+    ("train.micro_batches", "3", r"train.mini_batches x micro_batches = 1 x 3 does not divide"),
+    ("sampling.top_p", "0", r"sampling.top_p=0.0 must be in \(0, 1\]"),
+    ("adaptive.n", "40", r"adaptive.samples_per_round \* max_rounds = 8 x 4 = 32 < n=40"),
+    ("adaptive.scheduler", "fifo", "adaptive.scheduler='fifo' is not one of"),
+])
+def test_a_dataclass_check_names_its_knob(key, value, needle):
+    """The dataclasses check their own fields; validate reports their errors as one line
+    naming the knob (section.field)."""
+    cfg = C.build_config(DEFAULT, [(key, value)])
+    with pytest.raises(C.ConfigError, match=needle) as e:
+        C.validate(cfg)
+    assert "\n" not in str(e.value) and "invalid" not in str(e.value)
+
+
+def test_sections_build_their_dataclasses_field_for_field():
+    """loss, optim and adaptive hold exactly the fields of the dataclasses they build (one
+    name per knob); train holds TrainConfig's epochs / mini_batches / micro_batches."""
+    import dataclasses
+
+    from ada.adaptive.collect import CollectConfig
+    from ada.knobs import base_config
+    from ada.rl.losses import LossConfig
+    from ada.rl.optimizer import OptimConfig
+    from ada.rl.train import TrainConfig
+
+    cfg = base_config()
+    names = lambda cls: {f.name for f in dataclasses.fields(cls)}
+    assert set(cfg.loss) == names(LossConfig)
+    assert set(cfg.optim) == names(OptimConfig) - {"b1", "b2", "eps"}
+    assert set(cfg.adaptive) - {"normalize_std"} <= names(CollectConfig)
+    assert {"epochs", "mini_batches", "micro_batches"} <= set(cfg.train) & names(TrainConfig)
+    # one default per knob: the dataclasses' own defaults are base()'s
+    for section, obj in (("loss", LossConfig()), ("optim", OptimConfig()),
+                         ("adaptive", CollectConfig()), ("train", TrainConfig())):
+        for k, v in cfg[section].items():
+            if hasattr(obj, k):
+                assert getattr(obj, k) == v, f"{section}.{k}"

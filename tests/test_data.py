@@ -1,42 +1,22 @@
 """Data sources: JSONL / Parquet readers, shared benchmark files, bad input, the iterator."""
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from benchmark_files import BENCHMARKS, SHARED, TRAIN_SETS, load_known, needs_shared
 
 from ada.data.iterator import PromptIterator
 from ada.data.sources import (
-    BENCHMARKS,
-    TRAIN_SETS,
     DataError,
     RecordFormat,
-    load_benchmark,
     load_records,
-    load_train_set,
     read_records,
     write_jsonl,
 )
-
-
-def _shared_data_dir() -> Path | None:
-    """../shared/data relative to the repo root (tests/..), or $ADA_DATA_DIR."""
-    candidates = [Path(__file__).resolve().parents[1].parent / "shared" / "data"]
-    if os.environ.get("ADA_DATA_DIR"):
-        candidates.insert(0, Path(os.environ["ADA_DATA_DIR"]))
-    for c in candidates:
-        if (c / "benchmarks").is_dir():
-            return c
-    return None
-
-
-SHARED = _shared_data_dir()
-needs_shared = pytest.mark.skipif(
-    SHARED is None, reason="shared data dir (../shared/data or $ADA_DATA_DIR) not present")
 
 
 def _write_lines(path: Path, lines: list[str | bytes]) -> Path:
@@ -103,8 +83,7 @@ def test_write_jsonl_round_trip(tmp_path):
 @needs_shared
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))
 def test_shared_benchmarks_load_with_gold_answers(name):
-    recs = load_benchmark(name, data_dir=SHARED)
-    assert len(recs) == BENCHMARKS[name].rows
+    recs = load_known(name)
     raw = [json.loads(line) for line in open(SHARED / BENCHMARKS[name].path, encoding="utf-8")]
     assert [(r["id"], r["problem"], r["answer"]) for r in recs] == [
         (str(x["id"]), x["problem"].strip(), x["answer"].strip()) for x in raw]
@@ -119,31 +98,14 @@ def test_benchmark_counts_match_the_readme():
 
 
 @needs_shared
-def test_shared_train_sets_and_env_var(monkeypatch):
-    monkeypatch.setenv("ADA_DATA_DIR", str(SHARED))
-    math500 = load_benchmark("math500")  # data_dir from the environment
+def test_shared_train_sets():
+    math500 = load_known("math500")
     assert math500[0]["id"] == "test/precalculus/807.json"
     assert math500[0]["answer"] == "\\left( 3, \\frac{\\pi}{2} \\right)"
-    gsm = load_benchmark("gsm8k_test")
+    gsm = load_known("gsm8k_test")
     assert (gsm[0]["id"], gsm[0]["answer"]) == ("gsm8k_test_0", "18")
-    for name, entry in TRAIN_SETS.items():
-        assert len(load_train_set(name)) == entry.rows
-
-
-def test_missing_data_dir_and_file_errors(tmp_path, monkeypatch):
-    monkeypatch.delenv("ADA_DATA_DIR", raising=False)
-    with pytest.raises(DataError, match="ADA_DATA_DIR"):
-        load_benchmark("math500")
-    with pytest.raises(DataError, match=r"math500\.jsonl not found.*prm800k"):
-        load_benchmark("math500", data_dir=tmp_path)
-    with pytest.raises(DataError, match="unknown benchmark 'math5000'.*math500"):
-        load_benchmark("math5000", data_dir=tmp_path)
-    (tmp_path / "benchmarks").mkdir()
-    _write_lines(tmp_path / "benchmarks" / "aime24.jsonl",
-                 [json.dumps({"problem": "p", "answer": "1"})])
-    with pytest.raises(DataError, match="1 rows, expected 30"):
-        load_benchmark("aime24", data_dir=tmp_path)
-    assert len(load_benchmark("aime24", data_dir=tmp_path, check_count=False)) == 1
+    for name in TRAIN_SETS:
+        load_known(name)  # checks the row count
 
 
 # ----------------------------------------------------------------------------- bad input

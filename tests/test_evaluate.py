@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from ada.evaluate import evaluate, pass_at_k, summarize
+from ada.evaluation import evaluate, pass_at_k, summarize
 
 
 def _brute_pass_at_k(n, c, k):

@@ -22,13 +22,13 @@ import transformers
 from safetensors.numpy import load_file, save_file
 from tiny_hf import make_tiny_hf
 
+from ada.cli.inspect_model import main as inspect_main
 from ada.models import forward, positions_from_mask
 from ada.models.hf import load_hf, read_safetensors_header, save_hf
 from ada.models.hf_config import CheckpointError, check_vocab, config_from_hf, config_to_hf
-from ada.models.inspect import inspect_checkpoint
-from ada.models.inspect import main as inspect_main
 from ada.models.known import KNOWN
 from ada.models.presets import preset
+from ada.models.summary import inspect_checkpoint
 
 PARITY_TOL = 1e-4
 # bfloat16 compute vs float32 transformers on the same (bf16-rounded) weights: bf16 keeps 8
@@ -232,7 +232,7 @@ def test_inspect_reads_headers_only(qwen2_dir, monkeypatch):
 
 
 def test_inspect_module_entry_point_and_errors(qwen2_dir, tmp_path, capsys):
-    out = subprocess.run([sys.executable, "-m", "ada.models.inspect", str(qwen2_dir[2])],
+    out = subprocess.run([sys.executable, "-m", "ada.cli.inspect_model", str(qwen2_dir[2])],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "Qwen2ForCausalLM" in out.stdout

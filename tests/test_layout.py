@@ -1,14 +1,19 @@
-"""The package's shape: no import cycles, no upward imports, no oversized module.
+"""The package's shape: no import cycles, no upward imports, no oversized module, commands
+only in ada/cli/.
 
-Layers, bottom up (a module imports only from its own layer or below):
+Layers, bottom up (a module imports only from its own layer or below, at module level or
+inside a function):
 
-  foundations   tokenizer, templates, models, data sources, rewards, sharding, metrics, ...
-  core          sampling, adaptive, rl (pure functions and their jitted forms)
-  method        methods (the table), rollout (sampling for the loop), evaluate
+  foundations   tokenizer, templates, models, data, rewards, sharding, metrics, checkpoint, ...
+  core          sampling, adaptive, rl, warmstart (pure functions and their jitted forms)
+  method        methods (the table), rollout (sampling for the loop), evaluation
   config        config (loads and validates a whole run: reads the method table)
-  run           setup (config -> pieces), step (one RL step)
-  loop          loop (the training loop)
-  entry points  cli, runner and the other command-line tools
+  run           setup (config -> pieces, a saved run -> its policy), step (one RL step)
+  loop          loop (the training loop), planner (a config on a TPU slice)
+  commands      ada/cli/: every command line
+
+The `python -m` paths of the commands (ada.runner, ada.evaluate, ...) are one-line shims
+that only call their ada/cli module; no other module has a `__main__` block or argparse.
 """
 
 import ast
@@ -22,15 +27,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS = {
     "ada.sampling": 1, "ada.adaptive": 1, "ada.rl": 1, "ada.warmstart": 1,
-    "ada.methods": 2, "ada.rollout": 2, "ada.evaluate": 2,
+    "ada.methods": 2, "ada.rollout": 2, "ada.evaluation": 2,
     "ada.config": 3,
     "ada.setup": 4, "ada.step": 4,
-    "ada.loop": 5,
-    "ada.cli": 6, "ada.runner": 6, "ada.data.difficulty": 6, "ada.plan": 6,
-    "ada.models.inspect": 6, "ada.serve": 6,
+    "ada.loop": 5, "ada.planner": 5,
+    "ada.cli": 6,
 }
-ENTRY_POINTS = ("ada.cli", "ada.runner", "ada.evaluate", "ada.data.difficulty", "ada.loop",
-                "ada.serve")
+SHIMS = {"ada.runner": "ada.cli.train", "ada.evaluate": "ada.cli.eval", "ada.serve": "ada.cli.serve",
+         "ada.plan": "ada.cli.plan", "ada.data.difficulty": "ada.cli.difficulty"}
 MAX_LINES = 500
 
 
@@ -54,31 +58,32 @@ def modules() -> dict[str, str]:
     return out
 
 
-def module_level_imports(path: str, known) -> set[str]:
-    """ada modules imported when `path` is imported (function bodies and the
-    `if __name__ == "__main__"` block do not run then)."""
-    deps = set()
+def is_main_block(node) -> bool:
+    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
 
-    def visit(body):
-        for node in body:
-            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
-                continue
-            if isinstance(node, ast.Import):
-                deps.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                deps.add(node.module)
-                deps.update(f"{node.module}.{a.name}" for a in node.names)
-            elif isinstance(node, ast.If | ast.Try):
-                visit(node.body)
-                visit(node.orelse)
-    visit(ast.parse(open(path).read()).body)
-    return {d for d in deps if d in known and d != "ada"}
+
+def imports(path: str, known, self_name: str = "") -> set[str]:
+    """Every ada module `path` imports, at module level or inside a function or class (a
+    shim's `__main__` block is the command it calls, checked by test_shims_are_one_call)."""
+    deps = set()
+    tree = ast.parse(open(path).read())
+    skip = {id(n) for n in tree.body if is_main_block(n)}
+    stack = [n for n in tree.body if id(n) not in skip]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            deps.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            deps.add(node.module)
+            deps.update(f"{node.module}.{a.name}" for a in node.names)
+        stack.extend(ast.iter_child_nodes(node))
+    return {d for d in deps if d in known and d not in ("ada", self_name)}
 
 
 @pytest.fixture(scope="module")
 def graph():
     mods = modules()
-    return {m: module_level_imports(p, mods) for m, p in mods.items()}
+    return {m: imports(p, mods, m) for m, p in mods.items()}
 
 
 def test_no_import_cycles(graph):
@@ -109,7 +114,25 @@ def test_modules_are_small():
     assert not big, f"modules over {MAX_LINES} lines: {big}"
 
 
-@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_shims_are_one_call():
+    """`python -m ada.plan` and friends: a docstring and a `__main__` block calling the
+    command's main, nothing else; the other modules hold no command line."""
+    mods = modules()
+    for m, path in mods.items():
+        text = open(path).read()
+        tree = ast.parse(text)
+        mains = [n for n in tree.body if is_main_block(n)]
+        if m in SHIMS:
+            body = [n for n in tree.body if not (isinstance(n, ast.Expr)
+                                                 and isinstance(n.value, ast.Constant))]
+            assert body == mains and len(mains) == 1, f"{m} must be a docstring and a main block"
+            assert f"from {SHIMS[m]} import main" in ast.unparse(mains[0]), m
+        elif not m.startswith("ada.cli"):
+            assert not mains, f"{m} has a __main__ block; commands live in ada/cli/"
+            assert "argparse" not in text, f"{m} parses a command line; commands live in ada/cli/"
+
+
+@pytest.mark.parametrize("module", [*SHIMS, "ada.cli.train", "ada.cli.inspect_model", "ada.loop"])
 def test_entry_points_import_first(module):
     """Each entry point imports on its own in a fresh interpreter (what `python -m` does)."""
     r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,

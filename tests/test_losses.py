@@ -27,11 +27,11 @@ def np_reference(logp, old, adv_B, mask, ent, ref, cfg: LossConfig):
             lr = min(max(logp[b, t] - old[b, t], -20.0), 20.0)
             r = np.exp(lr)
             l1 = -a * r
-            l2 = -a * min(max(r, 1 - cfg.eps_low), 1 + cfg.eps_high)
+            l2 = -a * min(max(r, 1 - cfg.clip_low), 1 + cfg.clip_high)
             loss = max(l1, l2)
             clipped[b, t] = l2 > l1
-            if cfg.dual_clip_c is not None and a < 0:
-                l3 = -a * cfg.dual_clip_c
+            if cfg.dual_clip and a < 0:
+                l3 = -a * cfg.dual_clip
                 dual[b, t] = loss > l3
                 loss = min(loss, l3)
             per_tok[b, t], ratio[b, t], log_ratio[b, t] = loss, r, lr
@@ -41,11 +41,11 @@ def np_reference(logp, old, adv_B, mask, ent, ref, cfg: LossConfig):
 
     def agg(x):
         rows = [x[b][mask[b]] for b in range(B)]
-        if cfg.agg_mode == "token-mean":
+        if cfg.loss_agg == "token-mean":
             n = sum(len(r) for r in rows)
             return sum(r.sum() for r in rows) / max(n, 1)
         nonempty = [r for r in rows if len(r)]
-        if cfg.agg_mode == "seq-mean-token-sum":
+        if cfg.loss_agg == "seq-mean-token-sum":
             vals = [r.sum() for r in nonempty]
         else:
             vals = [r.mean() for r in nonempty]
@@ -77,10 +77,10 @@ def random_inputs(seed, B=6, T=9):
 
 
 @pytest.mark.parametrize("mode", losses.AGG_MODES)
-@pytest.mark.parametrize("dual", [None, 3.0])
+@pytest.mark.parametrize("dual", [0.0, 3.0])
 @pytest.mark.parametrize("kl_est", losses.KL_ESTIMATORS)
 def test_policy_loss_matches_numpy(mode, dual, kl_est):
-    cfg = LossConfig(eps_low=0.2, eps_high=0.28, dual_clip_c=dual, agg_mode=mode,
+    cfg = LossConfig(clip_low=0.2, clip_high=0.28, dual_clip=dual, loss_agg=mode,
                      entropy_coef=0.01, kl_coef=0.05, kl_estimator=kl_est)
     logp, old, adv, mask, ent, ref = random_inputs(1)
     want = np_reference(logp, old, adv, mask, ent, ref, cfg)
@@ -90,7 +90,7 @@ def test_policy_loss_matches_numpy(mode, dual, kl_est):
     assert set(want) <= set(got)
     for k, v in want.items():
         np.testing.assert_allclose(float(got[k]), v, rtol=2e-6, atol=1e-7, err_msg=k)
-    if dual is not None:
+    if dual:
         assert want["dual_clip_frac"] > 0  # the case is exercised
     assert want["clip_frac"] > 0
 
@@ -99,7 +99,7 @@ def test_all_rows_empty_gives_zero_not_nan():
     logp, old, adv, _, ent, ref = random_inputs(2)
     mask = np.zeros(logp.shape, bool)
     for mode in losses.AGG_MODES:
-        cfg = LossConfig(agg_mode=mode, kl_coef=0.1)
+        cfg = LossConfig(loss_agg=mode, kl_coef=0.1)
         loss, m = policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv),
                               jnp.asarray(mask), cfg, jnp.asarray(ent), jnp.asarray(ref))
         assert float(loss) == 0.0 and all(np.isfinite(float(v)) for v in m.values())
@@ -108,7 +108,7 @@ def test_all_rows_empty_gives_zero_not_nan():
 @pytest.mark.parametrize("mode", losses.AGG_MODES)
 def test_row_split_with_batch_denominators_is_additive(mode):
     """Micro-batches that divide by the mini-batch's denominators sum to the unsplit loss."""
-    cfg = LossConfig(agg_mode=mode, entropy_coef=0.01, kl_coef=0.05)
+    cfg = LossConfig(loss_agg=mode, entropy_coef=0.01, kl_coef=0.05)
     logp, old, adv, mask, ent, ref = (jnp.asarray(x, jnp.float32) if x.dtype != bool
                                       else jnp.asarray(x) for x in random_inputs(3, B=8))
     full_loss, full_m = policy_loss(logp, old, adv, mask, cfg, ent, ref)
@@ -136,25 +136,29 @@ def test_logp_and_entropy_match_numpy():
 
 def test_gradient_of_clipped_tokens_is_zero():
     """Where the clipped branch is active the token carries no gradient (PPO's trust region)."""
-    cfg = LossConfig(dual_clip_c=None, entropy_coef=0.0)
+    cfg = LossConfig(dual_clip=0.0, entropy_coef=0.0)
     old = jnp.zeros((1, 4))
     logp = jnp.array([[0.5, -0.5, 0.1, -0.1]])  # ratios e^0.5, e^-0.5, ~1.1, ~0.9
     mask = jnp.ones((1, 4))
     g_pos = jax.grad(lambda lp: policy_loss(lp, old, jnp.array([1.0]), mask, cfg)[0])(logp)
     g_neg = jax.grad(lambda lp: policy_loss(lp, old, jnp.array([-1.0]), mask, cfg)[0])(logp)
-    # A > 0: ratio above 1 + eps_high is clipped; A < 0: ratio below 1 - eps_low is clipped.
+    # A > 0: ratio above 1 + clip_high is clipped; A < 0: ratio below 1 - clip_low is clipped.
     assert float(g_pos[0, 0]) == 0.0 and float(g_pos[0, 1]) != 0.0
     assert float(g_neg[0, 1]) == 0.0 and float(g_neg[0, 0]) != 0.0
     np.testing.assert_allclose(float(g_pos[0, 2]), -np.exp(0.1) / 4, rtol=1e-6)
 
 
 def test_bad_config_is_named():
-    with pytest.raises(ValueError, match="agg_mode='mean'"):
-        LossConfig(agg_mode="mean")
+    with pytest.raises(ValueError, match="loss_agg='mean'"):
+        LossConfig(loss_agg="mean")
     with pytest.raises(ValueError, match="kl_estimator"):
         LossConfig(kl_estimator="k4")
-    with pytest.raises(ValueError, match="dual_clip_c"):
-        LossConfig(dual_clip_c=0.5)
+    with pytest.raises(ValueError, match=r"dual_clip=0.5 must be > 1 \(or 0 to disable\)"):
+        LossConfig(dual_clip=0.5)
+    with pytest.raises(ValueError, match="clip_low=1.0"):
+        LossConfig(clip_low=1.0)
+    with pytest.raises(ValueError, match="kl_coef=-0.1"):
+        LossConfig(kl_coef=-0.1)
     with pytest.raises(ValueError, match="ref_logp"):
         z = jnp.zeros((2, 3))
         policy_loss(z, z, jnp.zeros(2), z, LossConfig(kl_coef=0.1))

@@ -49,7 +49,7 @@ def _cmd(data, workdir, cache, **extra):
         "data.num_eval": 0, "data.shuffle": False, "data.prompts_per_step": 4,
         "data.reward": "multihost_reward:reward", "data.max_prompt_len": 32,
         "adaptive.samples_per_round": 4, "adaptive.max_rounds": 2,
-        "optim.entropy_coef": 0.0, "optim.loss_agg": "seq-mean-token-sum", "sampling.num_slots": 16,
+        "loss.entropy_coef": 0.0, "loss.loss_agg": "seq-mean-token-sum", "sampling.num_slots": 16,
         "sampling.slot_bucketing": False, "sampling.max_prefill_rows": 1,
         "sampling.num_windows": 1,
         "sampling.max_new_tokens": 4, "train.steps": 2, "eval.every": 0, "checkpoint.every": 2,

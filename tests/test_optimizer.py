@@ -10,13 +10,13 @@ import pytest
 from ada.rl.optimizer import OptimConfig, guarded_update, lr_schedule, make_optimizer
 
 
-@pytest.mark.parametrize("clip_norm", [None, 0.5])
-def test_equals_optax_adamw_for_constant_lr(clip_norm):
-    o = OptimConfig(lr=3e-2, warmup_steps=0, weight_decay=0.1, clip_norm=clip_norm)
+@pytest.mark.parametrize("grad_clip", [0.0, 0.5])
+def test_equals_optax_adamw_for_constant_lr(grad_clip):
+    o = OptimConfig(lr=3e-2, warmup_steps=0, weight_decay=0.1, grad_clip=grad_clip)
     ours = make_optimizer(o)
     theirs = optax.adamw(o.lr, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay)
-    if clip_norm is not None:
-        theirs = optax.chain(optax.clip_by_global_norm(clip_norm), theirs)
+    if grad_clip:  # 0 disables
+        theirs = optax.chain(optax.clip_by_global_norm(grad_clip), theirs)
     rng = np.random.default_rng(0)
     params = {"w": jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
               "b": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}

@@ -40,7 +40,7 @@ def engine():
 
 
 def run(engine, overlap: bool, method: str, steps: int = 2):
-    cc = collect_config(method, n=4, samples_per_round=4, max_rounds=3, threshold=0.5,
+    cc = collect_config(method, n=4, samples_per_round=4, max_rounds=3, positive_threshold=0.5,
                         overlap_scoring=overlap)
     rollout = Rollout(engine, IdText(), cc, reward)
     fns = make_train_fns(CFG, TrainConfig())

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from ada import config as cfglib
-from ada import plan, tpu
+from ada import planner as plan
 from ada import sharding as shd
+from ada import tpu
+from ada.cli.plan import main as plan_main
 from ada.models import init_params, param_shapes, positions_from_mask, preset
 from ada.models.known import QWEN25_MATH_7B
 from ada.rl.train import TrainConfig
@@ -78,7 +80,7 @@ def test_seven_b_state_splits_over_the_mesh():
 
 def run(capsys, tmp_path, *args):
     out = tmp_path / "plan.json"
-    rc = plan.main([*args, "--json", str(out)])
+    rc = plan_main([*args, "--json", str(out)])
     printed = capsys.readouterr()
     return rc, printed.out, printed.err, json.loads(out.read_text()) if out.exists() else None
 

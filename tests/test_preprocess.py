@@ -1,5 +1,6 @@
 """Preprocessing: dedup normalisation, parseable gold, difficulty filter with resume."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -10,10 +11,10 @@ from ada.data.preprocess import (
     HARD_FILTER,
     DifficultyFilter,
     PreprocessCounts,
+    cached_pass_rates,
     dedup,
     difficulty_filter,
     normalize_problem,
-    pass_rates,
     preprocess,
 )
 from ada.data.sources import DataError, read_records
@@ -78,64 +79,114 @@ def _recs(n_correct):
             for i, c in enumerate(n_correct)]
 
 
+def _filter(records, sampler, cfg, cache):
+    """Pass rates (resumable through `cache`), then the filter: what preprocess does."""
+    return difficulty_filter(records, cached_pass_rates(records, sampler, cfg, cache), cfg)
+
+
 def test_paper_presets_on_every_pass_count(tmp_path):
     counts = list(range(17))  # 0..16 correct out of 16
-    kept_hard, _ = difficulty_filter(_recs(counts), FakeSampler(), HARD_FILTER, tmp_path / "h")
+    kept_hard, _ = _filter(_recs(counts), FakeSampler(), HARD_FILTER, tmp_path / "h")
     assert [r["n_correct"] for r in kept_hard] == [1, 2]  # >= 1 correct, rate <= 2/16
     assert [r["pass_rate"] for r in kept_hard] == [1 / 16, 2 / 16]
-    kept_easy, n_easy = difficulty_filter(_recs(counts), FakeSampler(), EASY_FILTER, tmp_path / "e")
+    kept_easy, n_easy = _filter(_recs(counts), FakeSampler(), EASY_FILTER, tmp_path / "e")
     assert [r["n_correct"] for r in kept_easy] == [1, 2, 3, 4, 5] and n_easy == 12
     band = DifficultyFilter(k=16, min_pass_rate=0.25, max_pass_rate=0.75)
-    kept, _ = difficulty_filter(_recs(counts), FakeSampler(), band, tmp_path / "b")
+    kept, _ = _filter(_recs(counts), FakeSampler(), band, tmp_path / "b")
     assert [r["n_correct"] for r in kept] == list(range(4, 13))
 
 
+def test_difficulty_filter_reads_only_the_results_it_is_given():
+    """The filter samples nothing: it keeps by the results dict (any extra ids ignored) and
+    adds the cached pass rate, not one recomputed from the record."""
+    recs = _recs([0, 0, 0])
+    results = {"r0": {"num_correct": 1, "pass_rate": 0.25}, "r1": {"num_correct": 4, "pass_rate": 1.0},
+               "r2": {"num_correct": 0, "pass_rate": 0.0}, "other": {"num_correct": 2, "pass_rate": 0.5}}
+    cfg = DifficultyFilter(k=4, max_pass_rate=0.5, require_one_correct=True)
+    kept, dropped = difficulty_filter(recs, results, cfg)
+    assert [(r["id"], r["pass_rate"]) for r in kept] == [("r0", 0.25)] and dropped == 2
+    assert "pass_rate" not in recs[0]  # the input records are not modified
+    with pytest.raises(KeyError):
+        difficulty_filter(_recs([0] * 4), results, cfg)  # r3 has no result
+
+
 def test_pass_rates_match_brute_force(tmp_path):
-    cfg = DifficultyFilter(k=8, chunk_size=3, correct_threshold=0.5)
+    cfg = DifficultyFilter(k=8, prompts_per_call=3, correct_threshold=0.5)
     rng = np.random.default_rng(0)
     table = {f"r{i}": rng.uniform(size=8) for i in range(7)}
-    sampler = lambda recs, k: np.stack([table[r["id"]] for r in recs])
-    res = pass_rates(_recs([0] * 7), sampler, cfg, tmp_path / "c.jsonl")
+    table["r6"][:3] = 0.5  # exactly the threshold: not correct (reward > threshold)
+    calls = []
+
+    def rewards_fn(recs, k):
+        calls.append(len(recs))
+        return np.stack([table[r["id"]] for r in recs])
+
+    res = cached_pass_rates(_recs([0] * 7), rewards_fn, cfg, tmp_path / "c.jsonl")
+    assert list(res) == [f"r{i}" for i in range(7)] and calls == [3, 3, 1]
     for rid, rewards in table.items():
-        n = sum(1 for x in rewards if x >= 0.5)
+        n = sum(1 for x in rewards if x > 0.5)
         assert res[rid]["num_correct"] == n and res[rid]["pass_rate"] == n / 8
+        assert res[rid]["k"] == 8 and res[rid]["id"] == rid
         np.testing.assert_array_equal(res[rid]["rewards"], rewards)
+    # what is on disk is what was returned
+    on_disk = {e["id"]: e for e in map(json.loads, (tmp_path / "c.jsonl").read_text().splitlines())}
+    assert on_disk == res
+
+
+@pytest.mark.parametrize("threshold,expected", [(0.5, [0, 1, 2]), (0.0, [2, 2, 2]),
+                                                (1.0, [0, 0, 0])])
+def test_correct_is_strictly_above_the_threshold(tmp_path, threshold, expected):
+    """reward > correct_threshold, as the training rule (adaptive.positive_threshold) and
+    evaluation count it: a reward equal to the threshold is not a pass."""
+    table = {"r0": [0.0, 0.5, 0.5], "r1": [0.0, 0.5, 1.0], "r2": [0.0, 1.0, 1.0]}
+    cfg = DifficultyFilter(k=3, correct_threshold=threshold)
+    res = cached_pass_rates(_recs([0, 0, 0]), lambda recs, k: [table[r["id"]] for r in recs],
+                            cfg, tmp_path / "c.jsonl")
+    assert [res[f"r{i}"]["num_correct"] for i in range(3)] == expected
+    if threshold == 0.5:  # a half-credit reward is stored as it was, but counts as a miss
+        assert res["r0"]["rewards"] == [0.0, 0.5, 0.5] and res["r0"]["pass_rate"] == 0.0
 
 
 def test_difficulty_filter_resumes_without_resampling(tmp_path):
     recs = _recs([0, 1, 2, 3, 1, 16, 2, 0, 1, 5])
-    cfg = DifficultyFilter(k=16, max_pass_rate=0.125, require_one_correct=True, chunk_size=3)
+    cfg = DifficultyFilter(k=16, max_pass_rate=0.125, require_one_correct=True,
+                           prompts_per_call=3)
     cache = tmp_path / "passrates.jsonl"
 
     crashing = FakeSampler(fail_on_call=2)  # dies on the third chunk
     with pytest.raises(KeyboardInterrupt):
-        difficulty_filter(recs, crashing, cfg, cache)
+        _filter(recs, crashing, cfg, cache)
     assert crashing.sampled == ["r0", "r1", "r2", "r3", "r4", "r5"]
     assert len(cache.read_text().splitlines()) == 6  # two chunks written before the kill
 
     resumed = FakeSampler()
-    kept, n_drop = difficulty_filter(recs, resumed, cfg, cache)
+    kept, n_drop = _filter(recs, resumed, cfg, cache)
     assert resumed.sampled == ["r6", "r7", "r8", "r9"]  # finished prompts not re-sampled
     assert resumed.calls == [["r6", "r7", "r8"], ["r9"]]
 
     fresh = FakeSampler()
-    kept_ref, n_ref = difficulty_filter(recs, fresh, cfg, tmp_path / "fresh.jsonl")
+    kept_ref, n_ref = _filter(recs, fresh, cfg, tmp_path / "fresh.jsonl")
     assert kept == kept_ref and n_drop == n_ref == 5
     assert [r["id"] for r in kept] == ["r1", "r2", "r4", "r6", "r8"]
 
     again = FakeSampler()  # fully cached: no sampling at all
-    assert difficulty_filter(recs, again, cfg, cache) == (kept, n_drop) and again.calls == []
+    assert _filter(recs, again, cfg, cache) == (kept, n_drop) and again.calls == []
+    # another range re-filters the cached rates without sampling
+    easy = FakeSampler()
+    kept_easy, _ = _filter(recs, easy, dataclasses.replace(cfg, max_pass_rate=0.3125), cache)
+    assert easy.calls == [] and [r["id"] for r in kept_easy] == ["r1", "r2", "r3", "r4", "r6",
+                                                                  "r8", "r9"]
 
 
 def test_cache_torn_last_line_is_dropped_and_resampled(tmp_path):
     recs = _recs([1, 2, 3])
-    cfg = DifficultyFilter(k=4, chunk_size=1)
+    cfg = DifficultyFilter(k=4, prompts_per_call=1)
     cache = tmp_path / "c.jsonl"
-    pass_rates(recs[:2], FakeSampler(), cfg, cache)
+    cached_pass_rates(recs[:2], FakeSampler(), cfg, cache)
     lines = cache.read_bytes().splitlines(keepends=True)
     cache.write_bytes(lines[0] + lines[1][:20])  # killed halfway through writing r1
     s = FakeSampler()
-    res = pass_rates(recs, s, cfg, cache)
+    res = cached_pass_rates(recs, s, cfg, cache)
     assert s.sampled == ["r1", "r2"]
     assert [res[r["id"]]["num_correct"] for r in recs] == [1, 2, 3]
     assert [json.loads(x)["id"] for x in cache.read_text().splitlines()] == ["r0", "r1", "r2"]
@@ -143,29 +194,35 @@ def test_cache_torn_last_line_is_dropped_and_resampled(tmp_path):
 
 def test_cache_mismatches_are_refused(tmp_path):
     cache = tmp_path / "c.jsonl"
-    pass_rates(_recs([1, 2]), FakeSampler(), DifficultyFilter(k=4), cache)
+    cached_pass_rates(_recs([1, 2]), FakeSampler(), DifficultyFilter(k=4), cache)
     with pytest.raises(DataError, match=r"c\.jsonl: line 1: cached with k=4 samples, this run "
                                         r"asks k=8"):
-        pass_rates(_recs([1, 2]), FakeSampler(), DifficultyFilter(k=8), cache)
+        cached_pass_rates(_recs([1, 2]), FakeSampler(), DifficultyFilter(k=8), cache)
     other = _recs([1, 2])
     other[1]["problem"] = "a different problem"
     with pytest.raises(DataError, match="cached id 'r1' was computed for a different problem"):
-        pass_rates(other, FakeSampler(), DifficultyFilter(k=4), cache)
+        cached_pass_rates(other, FakeSampler(), DifficultyFilter(k=4), cache)
+    with pytest.raises(DataError, match="record ids are not unique"):
+        cached_pass_rates(_recs([1, 2]) + _recs([3]), FakeSampler(), DifficultyFilter(k=4),
+                          tmp_path / "dup.jsonl")
     cache.write_text('{"id": "r0"}\n' + cache.read_text())  # corruption before the last line
     with pytest.raises(DataError, match=r"line 1: corrupt pass-rate cache entry"):
-        pass_rates(_recs([1, 2]), FakeSampler(), DifficultyFilter(k=4), cache)
+        cached_pass_rates(_recs([1, 2]), FakeSampler(), DifficultyFilter(k=4), cache)
 
 
-def test_sample_fn_contract_checked(tmp_path):
+def test_rewards_fn_contract_checked(tmp_path):
     with pytest.raises(ValueError, match=r"shape \(2, 3\), expected \(2, 4\)"):
-        pass_rates(_recs([1, 2]), lambda r, k: np.zeros((2, 3)), DifficultyFilter(k=4),
-                   tmp_path / "a.jsonl")
+        cached_pass_rates(_recs([1, 2]), lambda r, k: np.zeros((2, 3)), DifficultyFilter(k=4),
+                          tmp_path / "a.jsonl")
     with pytest.raises(ValueError, match="non-finite"):
-        pass_rates(_recs([1, 2]), lambda r, k: np.full((2, k), np.nan), DifficultyFilter(k=4),
-                   tmp_path / "b.jsonl")
+        cached_pass_rates(_recs([1, 2]), lambda r, k: np.full((2, k), np.nan),
+                          DifficultyFilter(k=4), tmp_path / "b.jsonl")
     with pytest.raises(ValueError, match="min_pass_rate"):
         DifficultyFilter(min_pass_rate=0.5, max_pass_rate=0.25)
-
+    with pytest.raises(ValueError, match="prompts_per_call=0 must be positive"):
+        DifficultyFilter(prompts_per_call=0)
+    with pytest.raises(ValueError, match="k=0"):
+        DifficultyFilter(k=0)
 
 # ----------------------------------------------------------------------------- pipeline
 
@@ -206,12 +263,22 @@ def test_preprocess_counts_on_planted_file(planted_file, tmp_path):
     recs, skipped = read_records(planted_file, on_bad_row="skip")
     assert skipped == {"empty-answer": 1, "bad-json": 1, "missing-column": 1, "non-utf8": 1}
     sampler = FakeSampler()
-    cfg = DifficultyFilter(k=16, max_pass_rate=0.125, require_one_correct=True, chunk_size=2)
-    kept, counts = preprocess(recs, sample_fn=sampler, difficulty=cfg,
-                              cache_path=tmp_path / "pr.jsonl")  # real verifier parses golds
+    cfg = DifficultyFilter(k=16, max_pass_rate=0.125, require_one_correct=True,
+                           prompts_per_call=2)
+    asked = []
+
+    def rates(records):  # what `ada.evaluation.pass_rates` is to preprocess
+        asked.append([r["id"] for r in records])
+        return cached_pass_rates(records, sampler, cfg, tmp_path / "pr.jsonl")
+
+    kept, counts = preprocess(recs, pass_rates_fn=rates, difficulty=cfg)  # real verifier
     assert counts == PreprocessCounts(input=10, duplicates=3, unparseable=2, filtered=2, kept=3)
     assert [r["id"] for r in kept] == ["a", "b", "d"]
-    assert sorted(sampler.sampled) == ["a", "b", "c", "d", "e"]  # only the 5 survivors sampled
+    assert [r["pass_rate"] for r in kept] == [1 / 16, 2 / 16, 1 / 16]
+    assert asked == [["a", "b", "c", "d", "e"]]  # called once, with only the 5 survivors
+    assert sampler.calls == [["a", "b"], ["c", "d"], ["e"]]  # prompts_per_call at a time
+    with pytest.raises(ValueError, match="needs `difficulty`"):
+        preprocess(recs, is_parseable=lambda a: True, pass_rates_fn=rates)
 
 
 def test_preprocess_without_sampler_and_empty_result(planted_file):
@@ -224,17 +291,15 @@ def test_preprocess_without_sampler_and_empty_result(planted_file):
 
 
 def test_dedup_on_shared_math_train_finds_the_known_duplicates():
-    from test_data import SHARED
+    from benchmark_files import SHARED, load_known
 
     if SHARED is None:
         pytest.skip("shared data dir (../shared/data or $ADA_DATA_DIR) not present")
-    from ada.data.sources import load_benchmark, load_train_set
-
-    recs = load_train_set("math_train", data_dir=SHARED)
+    recs = load_known("math_train")
     kept, n = dedup(recs)
     dropped = sorted({r["id"] for r in recs} - {r["id"] for r in kept})
     # Found by this normaliser and checked by eye: same problem, same gold answer, differing
     # only in spacing, \left|..\right| vs |..|, or $...$ vs \[...\].
     assert n == 4 and dropped == ["math_train_3870", "math_train_4310", "math_train_7353",
                                   "math_train_957"]
-    assert dedup(load_benchmark("math500", data_dir=SHARED))[1] == 0
+    assert dedup(load_known("math500"))[1] == 0

@@ -129,7 +129,7 @@ def test_engine_over_four_devices_samples_as_one(temperature):
         engine = engine_for(mesh, temperature, cfg)
         assert engine.mesh.devices.shape == (mesh[0], 1, mesh[1])
         rollout = Rollout(engine, Tokenizer(), None, None)
-        outs[mesh] = rollout.sample(params, records, 3, key, first_prompt_id=5)
+        outs[mesh] = rollout.sample(params, records, 3, key, range(5, 5 + len(records)))
     one = outs[(1, 1)]
     assert len({tuple(c.token_ids) for row in one for c in row}) > 1
     for mesh in ((4, 1), (2, 2)):

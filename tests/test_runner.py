@@ -153,7 +153,7 @@ def test_minibatch_row_order_puts_whole_prompts_in_each_minibatch():
 
 
 def test_kl_temperature_minibatches_and_hf_export_end_to_end(tmp_path, cache):
-    """optim.kl_coef > 0 trains against the initial policy (it used to crash inside the
+    """loss.kl_coef > 0 trains against the initial policy (it used to crash inside the
     jitted step: no reference log-probs were ever built), at sampling temperature 0.7 with
     two mini-batches, and checkpoint.export_hf writes a directory transformers loads: the
     model, and a tokenizer that encodes like ada's (it used to be a tokenizer.json copied
@@ -164,7 +164,7 @@ def test_kl_temperature_minibatches_and_hf_export_end_to_end(tmp_path, cache):
     from ada.templates import encode_prompt
 
     ov = [*tiny_overrides(cache), ("train.steps", "2"), ("eval.every", "0"),
-          ("optim.kl_coef", "0.1"), ("optim.kl_estimator", "k3"), ("optim.mini_batches", "2"),
+          ("loss.kl_coef", "0.1"), ("loss.kl_estimator", "k3"), ("train.mini_batches", "2"),
           ("sampling.temperature", "0.7"), ("checkpoint.export_hf", "true")]
     cfg = C.build_config(DEFAULT, ov)
     C.validate(cfg, str(tmp_path))
@@ -186,6 +186,6 @@ def test_kl_temperature_minibatches_and_hf_export_end_to_end(tmp_path, cache):
 
 
 def test_kl_coef_below_zero_is_refused_before_any_compile(tmp_path):
-    cfg = C.build_config(DEFAULT, [("optim.kl_coef", "-0.1")])
-    with pytest.raises(C.ConfigError, match="optim.kl_coef"):
+    cfg = C.build_config(DEFAULT, [("loss.kl_coef", "-0.1")])
+    with pytest.raises(C.ConfigError, match="loss.kl_coef"):
         C.validate(cfg, str(tmp_path))

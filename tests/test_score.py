@@ -1,12 +1,15 @@
-"""ada.rewards.score.score: batch path, per-item fallback, every kind of failed reward."""
+"""ada.rewards.score: `score` (batch path, per-item fallback, every kind of failed reward) and
+`correct`, the one rule for a correct response."""
 
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from ada.rewards import get_reward_fn
-from ada.rewards.score import score
+from ada.rewards.score import FAILURE_SCORE, correct, score
 
 RECORDS = [{"id": str(i)} for i in range(4)]
 
@@ -23,14 +26,13 @@ def _counting(values):
     return reward
 
 
-def test_per_item_failures_score_failure_score_and_are_flagged():
+def test_per_item_failures_score_zero_and_are_flagged():
     values = [1.0, RuntimeError("boom"), None, math.nan, math.inf, -math.inf, "1.0", b"1",
               [1.0], object(), np.float32(0.5), True, 0]
     reward = _counting(values)
-    scores, failed = score(reward, [{}] * len(values), [str(i) for i in range(len(values))],
-                           failure_score=-1.0)
-    assert scores.dtype == np.float64 and failed.dtype == bool
-    assert scores.tolist() == [1.0] + [-1.0] * 9 + [0.5, 1.0, 0.0]
+    scores, failed = score(reward, [{}] * len(values), [str(i) for i in range(len(values))])
+    assert scores.dtype == np.float64 and failed.dtype == bool and FAILURE_SCORE == 0.0
+    assert scores.tolist() == [1.0] + [FAILURE_SCORE] * 9 + [0.5, 1.0, 0.0]
     assert failed.tolist() == [False] + [True] * 9 + [False] * 3
     assert reward.calls == len(values)
 
@@ -58,7 +60,7 @@ def test_batch_path_is_called_once_and_checked():
 def test_broken_batch_falls_back_to_one_item_at_a_time(broken):
     reward = _counting([1.0, ValueError("bad item"), 0.5, None])
     reward.score_batch = broken
-    scores, failed = score(reward, RECORDS, ["0", "1", "2", "3"], failure_score=0.0)
+    scores, failed = score(reward, RECORDS, ["0", "1", "2", "3"])
     assert reward.calls == 4  # one bad response did not zero the others
     assert scores.tolist() == [1.0, 0.0, 0.5, 0.0]
     assert failed.tolist() == [False, True, False, True]
@@ -98,3 +100,13 @@ def test_math_reward_batch_and_fallback_agree():
     per_item.score_batch = lambda records, responses: [1.0]  # wrong length: fallback
     scores, failed = score(per_item, records, texts)
     assert scores.tolist() == [1.0, 0.0, 1.0, 0.0] and not failed.any()
+
+
+def test_correct_is_strictly_above_the_threshold():
+    """Equal to the threshold is incorrect; the same on floats, NumPy and jax (jitted)."""
+    r = [0.0, 0.5, 0.50001, 1.0]
+    assert [correct(x, 0.5) for x in r] == [False, False, True, True]
+    np.testing.assert_array_equal(correct(np.array(r), 0.5), [False, False, True, True])
+    got = jax.jit(correct)(jnp.asarray(r, jnp.float32), 0.5)
+    np.testing.assert_array_equal(np.asarray(got), [False, False, True, True])
+    assert not correct(FAILURE_SCORE, 0.0)  # a failed reward is never correct at threshold 0

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ada import config as C
-from ada import serve
+from ada.cli import serve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
@@ -59,7 +59,7 @@ def run_dir(tmp_path_factory):
 
 def _policy(argv):
     args = serve.parser().parse_args(argv)
-    return serve.load_policy(args, *serve.resolve(args))
+    return serve.load_served(args, *serve.resolve(args))
 
 
 def _wait_for_banner(proc, out_path, err_path):
@@ -191,7 +191,7 @@ def test_help_and_core_imports_stay_light():
     r = subprocess.run([sys.executable, "-m", "ada.serve", "--help"], capture_output=True,
                        text=True, env=ENV, timeout=120, cwd=ROOT)
     assert r.returncode == 0 and "--workdir" in r.stdout and "--step" in r.stdout, r.stderr
-    code = ("import sys, ada.setup, ada.cli, ada.serve; print(sorted({m.split('.')[0] for m in "
+    code = ("import sys, ada.setup, ada.cli.serve, ada.serve; print(sorted({m.split('.')[0] for m in "
             "sys.modules} & {'tensorflow', 'tensorflow_datasets', 'jetstream', 'grpc'}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
                        timeout=120, cwd=ROOT)

@@ -7,7 +7,7 @@ import types
 import pytest
 
 from ada import config as C
-from ada import setup
+from ada import setup, warmstart
 from ada.config import ConfigError
 
 
@@ -26,20 +26,20 @@ def test_noisy_teacher_answers_near_misses_in_the_stated_share():
     records = [{"id": f"r{i}", "answer": a, "prompt_tokens": [i]}
                for i, a in enumerate(["7", "-3", "120", "0"])]
     tok, task = CharTokenizer(), arithmetic_task(records)
-    exact = setup.warm_start_examples(records, task, tok, 0.0, seed=0)
+    exact = warmstart.examples(records, task, tok, 0.0, seed=0)
     assert exact == [([i], tok.encode(" " + r["answer"]) + [0]) for i, r in enumerate(records)]
 
-    noisy = setup.warm_start_examples(records, task, tok, 0.6, seed=0)
+    noisy = warmstart.examples(records, task, tok, 0.6, seed=0)
     by_prompt = collections.defaultdict(list)
     for prompt, target in noisy:
         by_prompt[prompt[0]].append("".join(map(chr, target[:-1])).strip())
     for i, r in enumerate(records):
         answers = by_prompt[i]
-        assert len(answers) == setup.TEACHER_COPIES
+        assert len(answers) == warmstart.TEACHER_COPIES
         assert answers.count(r["answer"]) == 2  # round((1 - 0.6) * 5)
         misses = sorted(int(a) - int(r["answer"]) for a in answers if a != r["answer"])
-        assert len(set(misses)) == 3 and set(misses) <= set(setup.NEAR_MISSES)
-    assert noisy == setup.warm_start_examples(records, task, tok, 0.6, seed=0)
+        assert len(set(misses)) == 3 and set(misses) <= set(warmstart.NEAR_MISSES)
+    assert noisy == warmstart.examples(records, task, tok, 0.6, seed=0)
 
 
 def test_teacher_noise_is_validated():
@@ -85,7 +85,7 @@ def test_noisy_teacher_phase_continues_from_the_cached_exact_phase(tmp_path):
     assert len(list((tmp_path / "warmstart").glob("*.msgpack"))) == 2  # exact phase shared
     w = c.warmstart
     expected, _ = warmstart.supervised_train(
-        exact, model_cfg, setup.warm_start_examples(records, task, tok, 0.6, w.seed), steps=3,
+        exact, model_cfg, warmstart.examples(records, task, tok, 0.6, w.seed), steps=3,
         batch_size=8, lr=w.noise_lr, seed=w.seed + 1, pad_id=tok.pad_id)
     _, _, _, _, _, (again, info) = start("0.6", "3")
     assert info["cached"]
@@ -104,7 +104,7 @@ class FakeRollout:
     def reward(self, record, text):
         return float(text == "right")
 
-    def sample(self, params, records, k, key, first_id):
+    def sample(self, params, records, k, key, prompt_ids):
         self.calls += 1
         return [[types.SimpleNamespace(text="right" if j < self.correct_of[r["id"]] else "wrong")
                  for j in range(k)] for r in records]
@@ -118,13 +118,13 @@ def test_pass_rate_filter_keeps_the_range_and_caches(tmp_path):
         ("data.pass_rate_range", "(0.25, 0.5)"), ("data.pass_rate_samples", str(k)),
         ("data.prompts_per_step", "4"), ("warmstart.cache_dir", str(tmp_path))])
     rollout = FakeRollout(correct_of)
-    kept = setup.filter_by_pass_rate(c, records, None, rollout, {"path": "warm.msgpack"})
+    kept = setup.filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})
     assert [r["id"] for r in kept] == [r["id"] for r in records
                                        if 0.25 <= correct_of[r["id"]] / k <= 0.5]
     calls = rollout.calls
-    again = setup.filter_by_pass_rate(c, records, None, rollout, {"path": "warm.msgpack"})
+    again = setup.filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})
     assert [r["id"] for r in again] == [r["id"] for r in kept] and rollout.calls == calls
 
     c.data.prompts_per_step = len(kept) + 1
     with pytest.raises(ConfigError, match="widen the range"):
-        setup.filter_by_pass_rate(c, records, None, rollout, {"path": "warm.msgpack"})
+        setup.filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})

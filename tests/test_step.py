@@ -11,7 +11,7 @@ import pytest
 
 from ada import config as C
 from ada import step
-from ada.adaptive.simulate import SimulatedPolicy, prompt_stream, sim_reward, simulated_generate
+from ada.adaptive.simulate import SimulatedDriver, SimulatedPolicy, prompt_stream, sim_reward
 from ada.methods import METHODS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,9 +36,9 @@ def test_readme_example_advantages_equal_the_steps(method, monkeypatch):
     batch from: they must be the same numbers."""
     stream = prompt_stream("skewed", seed=3)
     prompts = list(itertools.islice(stream, 8))
-    my_generate = simulated_generate(SimulatedPolicy(seed=1))
+    my_driver = SimulatedDriver(SimulatedPolicy(seed=1), num_slots=8)
     code = readme_example().replace('method = "ada_balance"', f"method = {method!r}")
-    scope = dict(reward_fn=sim_reward, my_generate=my_generate, prompts=prompts,
+    scope = dict(reward_fn=sim_reward, my_driver=my_driver, prompts=prompts,
                  key=jax.random.key(0), more=stream)
     exec(compile(code, "README.md", "exec"), scope)
     collected, readme_adv = scope["batch"], scope["adv"]

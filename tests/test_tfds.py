@@ -124,7 +124,7 @@ def _overrides(data_dir, **extra):
 
 @needs_tfds
 def test_runner_trains_two_steps_from_tfds(tiny, tmp_path):
-    from ada.cli import train_main
+    from ada.cli.train import main as train_main
     from ada.metrics import read_jsonl
 
     data_dir, _ = tiny

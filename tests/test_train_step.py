@@ -27,7 +27,7 @@ from ada.sampling.samplers import SamplingConfig
 CFG = preset("tiny", family="llama")
 B, T = 32, 16
 OFF_POLICY = train.TrainConfig(
-    optim=OptimConfig(lr=1e-3, warmup_steps=2), ppo_epochs=2, mini_batches=2,
+    optim=OptimConfig(lr=1e-3, warmup_steps=2), epochs=2, mini_batches=2,
     micro_batches=2, logit_chunk=6,
 )
 
@@ -144,7 +144,7 @@ def test_on_policy_ratio_is_one_and_loss_is_plain_policy_gradient():
 def test_micro_batch_accumulation_equals_unsplit():
     """token-mean, where a per-micro-batch mean would be wrong (the other modes' additivity
     is checked on the loss alone in test_losses.py)."""
-    loss = LossConfig(agg_mode="token-mean", dual_clip_c=3.0, entropy_coef=0.01)
+    loss = LossConfig(loss_agg="token-mean", dual_clip=3.0, entropy_coef=0.01)
     whole = train.TrainConfig(loss=loss, mini_batches=2, micro_batches=1, logit_chunk=6)
     split = train.TrainConfig(loss=loss, mini_batches=2, micro_batches=4, logit_chunk=6)
     batch = make_batch(4, B=16)
@@ -169,14 +169,14 @@ def test_gradient_matches_finite_differences():
     difference is ~1e-7 * |loss| / h ~ 1e-5 and the truncation error ~h^2; 2e-3 relative
     tolerance leaves a margin over both while a wrong gradient is off by O(1)."""
     config = train.TrainConfig(
-        loss=LossConfig(agg_mode="seq-mean-token-mean", dual_clip_c=3.0, entropy_coef=0.05,
+        loss=LossConfig(loss_agg="seq-mean-token-mean", dual_clip=3.0, entropy_coef=0.05,
                         kl_coef=0.1, kl_estimator="k3"),
         mini_batches=2, logit_chunk=6)
     batch = {k: jnp.asarray(v) for k, v in make_batch(5, B=4).items()}
     rng = np.random.default_rng(1)
     batch["old_logp"] = jnp.asarray(rng.normal(-6.2, 0.2, (4, T)), jnp.float32)
     batch["ref_logp"] = jnp.asarray(rng.normal(-6.2, 0.2, (4, T)), jnp.float32)
-    denoms = denominators(batch["response_mask"], config.loss.agg_mode)
+    denoms = denominators(batch["response_mask"], config.loss.loss_agg)
     loss = jax.jit(lambda p: train.loss_fn(p, batch, denoms, CFG, config)[0])
     grad = jax.jit(jax.grad(lambda p: train.loss_fn(p, batch, denoms, CFG, config)[0]))
     params = params0()
@@ -280,7 +280,7 @@ def test_kl_without_reference_params_is_named():
 def np_adamw(params, grads, state, lr, o: OptimConfig):
     """One float64 NumPy AdamW update (global-norm clip first), in place on dicts of leaves."""
     norm = np.sqrt(sum(np.sum(g * g) for g in grads.values()))
-    scale = 1.0 if o.clip_norm is None or norm < o.clip_norm else o.clip_norm / norm
+    scale = 1.0 if not o.grad_clip or norm < o.grad_clip else o.grad_clip / norm
     state["t"] += 1
     t = state["t"]
     for k, g in grads.items():

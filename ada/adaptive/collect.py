@@ -3,7 +3,7 @@
 One code path serves every method; a method is a `CollectConfig` (`ada.methods` holds the
 table of named methods and builds theirs): an exit rule, M responses per round, at most N
 rounds, and for DAPO dynamic sampling (drop groups whose rewards are all equal and draw
-further prompt batches until P mixed groups, or max_prompt_batches).
+further prompt batches until P mixed groups, or dapo_max_batches).
 
 Rounds (the reference loop): in round r every active prompt (not done, budget left) gets M
 requests; after the round every response is scored and the rule is re-evaluated on the
@@ -12,24 +12,27 @@ active prompt gets each free slot, each finished response is scored at once, and
 retires the moment its rule holds. Responses still in flight for a retired prompt are
 scored into its pool when they arrive (they count in its statistics and may be selected).
 
-Engine interfaces (duck-typed):
-  generate(list[SampleRequest]) -> list[completion]       (rounds only)
+The engine is a slot driver (duck-typed; rounds drain it one round at a time):
   driver.submit(engine_request); driver.free_slots() -> int; driver.step() -> [completion]
   make_request(SampleRequest) -> engine_request           (default: the request itself)
 A completion needs `.prompt_id`, `.sample_idx` (echoed from the request) and `.text`.
 reward_fn(prompt_record, text) -> float (or reward_fn(prompt_record, completion) with
 reward_input="completion", for rewards that need token ids or finish_reason), scored by
-`ada.rewards.score.score`: a raise, None, NaN or inf scores `failure_score` and is counted
-in metrics["reward_failures"]; the batch always completes. The engine driver of
-ada/sampling/driver.py fits as is:
-make_request = lambda r: driver.Request(tokens(r.prompt), r.prompt_id, r.sample_idx, ...).
+`ada.rewards.score.score`: a raise, None, NaN or inf scores 0 and is counted in
+metrics["reward_failures"]; the batch always completes. A response is positive iff
+`ada.rewards.score.correct(reward, positive_threshold)`. The engine driver of
+ada/sampling/driver.py fits as is (ada/rollout.py):
+make_request = lambda r: driver.Request(tokens(r.prompt), r.prompt_id, r.sample_idx, ...);
+ada/adaptive/simulate.py has a simulated one.
 
 Prompt ids: the engine-facing id of row i of the b-th prompt batch (DAPO draws several) on
 process p of k is (b * k + p) * P + i, unique across processes and batches, so every
 prompt draws its own random stream and selection key.
 
-Multi-host: exit decisions are `rules.RULES[rule](pos, neg, seen, n)` of the pool counts in
-`Pool.stats` (plain sums); a multi-host runner all-reduces those counts before deciding.
+Multi-host: a Collector sees only its own process's prompts (generation is process-local),
+and its exit decisions are `rules.RULES[rule](pos, neg, seen, n)` of the pool counts in
+`Pool.stats`. Those are plain sums, so they could be summed across hosts before deciding if
+one prompt's draws were ever spread over several; nothing does that today.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import numpy as np
 from ada.adaptive import rules
 from ada.adaptive.pool import Pool, PoolStats
 from ada.adaptive.select import select
-from ada.rewards.score import score
+from ada.rewards.score import FAILURE_SCORE, score
 
 SCHEDULERS = ("rounds", "continuous")
 
@@ -80,14 +83,12 @@ class CollectConfig:
     n: int = 4  # group size kept per prompt
     samples_per_round: int = 8  # M
     max_rounds: int = 4  # N; the budget per prompt is M x N
-    threshold: float = 0.7  # positive iff reward > threshold
+    positive_threshold: float = 0.5  # positive iff ada.rewards.score.correct: reward > it
     reward_range: tuple[float, float] = (0.0, 1.0)
     scheduler: str = "rounds"  # "rounds" | "continuous"
     dynamic_sampling: bool = False  # DAPO: keep only mixed groups, draw more prompts
-    max_prompt_batches: int = 8  # DAPO: prompt batches drawn per collection at most
-    max_inflight_per_prompt: int = 0  # continuous: cap on one prompt's in-flight requests (0 = none)
-    overlap_scoring: bool = True  # rounds over a slot driver: score while the engine decodes
-    failure_score: float = 0.0
+    dapo_max_batches: int = 4  # DAPO: prompt batches drawn per collection at most
+    overlap_scoring: bool = True  # rounds: score each driver step's responses while it decodes
 
     def __post_init__(self):
         p = []
@@ -105,15 +106,14 @@ class CollectConfig:
         if self.scheduler not in SCHEDULERS:
             p.append(f"scheduler={self.scheduler!r} is not one of {SCHEDULERS}")
         lo, hi = self.reward_range
-        problem = threshold_problem(self.threshold, self.reward_range)
+        problem = threshold_problem(self.positive_threshold, self.reward_range)
         if problem:
             p.append(problem)
-        if lo < hi and not lo <= self.failure_score <= hi:
-            p.append(f"failure_score={self.failure_score} is outside reward_range={self.reward_range}")
-        if self.max_prompt_batches < 1:
-            p.append(f"max_prompt_batches={self.max_prompt_batches} must be >= 1")
-        if self.max_inflight_per_prompt < 0:
-            p.append(f"max_inflight_per_prompt={self.max_inflight_per_prompt} must be >= 0")
+        if lo < hi and not lo <= FAILURE_SCORE <= hi:
+            p.append(f"reward_range={self.reward_range} must hold {FAILURE_SCORE}, the score of "
+                     "a failed reward")
+        if self.dapo_max_batches < 1:
+            p.append(f"dapo_max_batches={self.dapo_max_batches} must be >= 1")
         if p:
             raise ValueError("invalid CollectConfig: " + "; ".join(p))
 
@@ -126,28 +126,27 @@ class DispatchPolicy:
     """Which active prompts get the next free slots. Pure and engine-independent: the real
     continuous driver and the simulator both call `pick` with the same counts.
 
-    A prompt is eligible while it is not done, has budget left and (if capped) fewer than
-    `max_inflight` requests in flight. Among eligible prompts, each free slot goes to the
-    first by (in-flight requests already cover its minimum need, in-flight, dispatched,
-    prompt id): prompts whose need is not yet covered come first, then the least loaded.
+    A prompt is eligible while it is not done and has budget left. Among eligible prompts,
+    each free slot goes to the first by (in-flight requests already cover its minimum need,
+    in-flight, dispatched, prompt id): prompts whose need is not yet covered come first,
+    then the least loaded.
     It is work-conserving: slots are only left idle when no prompt is eligible.
     """
 
-    def __init__(self, rule: str, n: int, budget: int, max_inflight: int = 0):
+    def __init__(self, rule: str, n: int, budget: int):
         rules.get_rule(rule)
-        self.rule, self.n, self.budget, self.max_inflight = rule, n, budget, max_inflight
+        self.rule, self.n, self.budget = rule, n, budget
 
     def pick(self, free: int, done, dispatched, inflight, pos, neg) -> list[int]:
         dispatched = np.array(dispatched, np.int64)
         inflight = np.array(inflight, np.int64)
         need = rules.min_needed(self.rule, pos, neg, np.asarray(pos) + np.asarray(neg),
                                 self.n, self.budget)
-        cap = self.max_inflight if self.max_inflight > 0 else np.iinfo(np.int64).max
         ids = np.arange(dispatched.shape[0], dtype=np.int64)
         base = self.budget + 1
         out: list[int] = []
         for _ in range(free):
-            eligible = ~np.asarray(done) & (dispatched < self.budget) & (inflight < cap)
+            eligible = ~np.asarray(done) & (dispatched < self.budget)
             if not eligible.any():
                 break
             covered = (inflight >= need).astype(np.int64)
@@ -198,13 +197,12 @@ class Collected:
 
 
 class Collector:
-    """Collects [P, n] groups for a batch of prompts with one CollectConfig."""
+    """Collects [P, n] groups for a batch of prompts with one CollectConfig, over a slot
+    driver (the module doc)."""
 
     def __init__(self, config: CollectConfig, reward_fn: Callable[[Any, str], float], *,
-                 generate: Callable[[list[SampleRequest]], list] | None = None, driver=None,
-                 make_request: Callable[[SampleRequest], Any] | None = None,
-                 policy: DispatchPolicy | None = None, reward_input: str = "text",
-                 process_index: int = 0, process_count: int = 1):
+                 driver, make_request: Callable[[SampleRequest], Any] | None = None,
+                 reward_input: str = "text", process_index: int = 0, process_count: int = 1):
         if reward_input not in ("text", "completion"):
             raise ValueError(f"reward_input={reward_input!r}; use 'text' or 'completion'")
         self.config = config
@@ -213,18 +211,11 @@ class Collector:
         if not 0 <= process_index < process_count:
             raise ValueError(f"process_index={process_index} is not in [0, {process_count})")
         self.process_index, self.process_count = int(process_index), int(process_count)
+        if driver is None:
+            raise ValueError("Collector needs a slot driver (driver=...; module doc)")
         self.driver = driver
         self.make_request = make_request or (lambda r: r)
-        self._drains = generate is None and driver is not None  # rounds step the driver
-        if self._drains:
-            generate = lambda reqs: drain(driver, reqs, self.make_request)  # noqa: E731
-        self.generate = generate
-        if config.scheduler == "continuous" and driver is None:
-            raise ValueError("scheduler='continuous' needs a slot driver (driver=...)")
-        if config.scheduler == "rounds" and generate is None:
-            raise ValueError("scheduler='rounds' needs generate=... or driver=...")
-        self.policy = policy or DispatchPolicy(config.rule, config.n, config.budget,
-                                               config.max_inflight_per_prompt)
+        self.policy = DispatchPolicy(config.rule, config.n, config.budget)
         self._rule = rules.get_rule(config.rule)
 
     # ------------------------------------------------------------------ public
@@ -258,8 +249,7 @@ class Collector:
                                  f"collection (rows {offset}..{offset + len(prompts) - 1})")
             rows.append(p)
         responses = [c.text if self.reward_input == "text" else c for c in completions]
-        rewards, failed = score(self.reward_fn, [prompts[p] for p in rows], responses,
-                                failure_score=self.config.failure_score)
+        rewards, failed = score(self.reward_fn, [prompts[p] for p in rows], responses)
         return rows, rewards, failed
 
     def _ingest(self, pool: Pool, prompts, offset, completions, counters,
@@ -280,7 +270,7 @@ class Collector:
         """One prompt batch; `batch` numbers DAPO's draws and, with the collection's prompt
         count `width`, sets the global prompt ids (module doc)."""
         cfg = self.config
-        pool = Pool(len(prompts), cfg.budget, cfg.threshold, shift=cfg.threshold)
+        pool = Pool(len(prompts), cfg.budget, cfg.positive_threshold, shift=cfg.positive_threshold)
         offset = (batch * self.process_count + self.process_index) * width
         counters = {"reward_failures": 0, "late_samples": 0}
         if cfg.scheduler == "rounds":
@@ -323,12 +313,12 @@ class Collector:
         return dict(lacking_pos=int(np.sum(pos < n // 2)), lacking_neg=int(np.sum(neg < n - n // 2)))
 
     def _generate_scored(self, reqs, prompts, offset) -> tuple[list, tuple | None]:
-        """A round's completions, and with `overlap_scoring` over a slot driver their `_score`:
-        each driver step's completions are scored on a thread while the driver decodes on.
+        """A round's completions, and with `overlap_scoring` their `_score`: each driver
+        step's completions are scored on a thread while the driver decodes on.
         The pool takes the round whole either way, in completion order, so the exit
         decisions and the collected batch do not change (tests/test_overlap.py)."""
-        if not (self.config.overlap_scoring and self._drains):
-            return list(self.generate(reqs)), None
+        if not self.config.overlap_scoring:
+            return drain(self.driver, reqs, self.make_request), None
         completions, parts = [], []
         with ThreadPoolExecutor(max_workers=1) as scorer:
             for got in drain_steps(self.driver, reqs, self.make_request):
@@ -372,20 +362,18 @@ class Collector:
         if int(pool.inflight.sum()):
             raise RuntimeError("collection ended with requests still in flight")
         prompt_ids = offset + np.arange(pool.num_prompts)
-        idx, st = select(pool.rewards.astype(np.float32), pool.valid, cfg.n, cfg.rule, key,
-                         cfg.threshold, prompt_ids)
-        idx = np.asarray(idx)
-        gv = np.asarray(st["group_valid"])
+        idx, st = jax.device_get(select(pool.rewards.astype(np.float32), pool.valid, cfg.n,
+                                        cfg.rule, key, cfg.positive_threshold, prompt_ids))
+        gv = st["group_valid"]
         P = pool.num_prompts
         comps = [[pool.completions[p][int(i)] if v else None for i, v in zip(idx[p], gv[p], strict=False)]
                  for p in range(P)]
-        rewards_pxn = np.where(gv, np.take_along_axis(pool.rewards, np.maximum(idx, 0), 1), 0.0)
         samples = pool.dispatched.copy()
-        mixed = np.asarray(st["mixed"])
+        mixed = st["mixed"]
         out = Collected(
-            prompts=list(prompts), sample_idx=idx, rewards=rewards_pxn.astype(np.float32),
+            prompts=list(prompts), sample_idx=idx, rewards=st["rewards"],
             group_valid=gv, completions=comps, pool=pool.stats,
-            done=np.asarray(st["done"]), mixed=mixed, samples=samples, rounds=rounds,
+            done=st["done"], mixed=mixed, samples=samples, rounds=rounds,
         )
         # The first round's draws (sample_idx < M) estimate the policy's own accuracy on the
         # batch; the kept rewards cannot (under balance they sit near 1/2 by construction).
@@ -400,7 +388,7 @@ class Collector:
         P = len(prompts)
         kept, uniform, batches, drawn = [], [], [], 0
         batch = prompts
-        for b in range(self.config.max_prompt_batches):
+        for b in range(self.config.dapo_max_batches):
             res = self._collect_batch(batch, jax.random.fold_in(key, b), batch=b, width=P)
             batches.append(res)
             drawn += len(batch)

@@ -1,10 +1,12 @@
 """Per-prompt pool state: the counts the exit rules read and the reward moments the baseline
 reads, for every response drawn for a prompt (the "global statistics" of Reinforce-Ada).
 
-Everything is a plain sum over responses, so a multi-host runner can all-reduce the arrays
-(`PoolStats.merge` is that reduction) and every host reaches the same exit decisions:
+Everything is a plain sum over responses. Generation is process-local (ada/rollout.py):
+each process keeps the pools of its own prompts and decides their exits alone. A sampler
+that spread one prompt's draws over hosts could sum these arrays across them first and
+every host would reach the same exit decisions; nothing does that today.
 
-  pos, neg   responses with reward > threshold / <= threshold
+  pos, neg   responses that are correct / not (`ada.rewards.score.correct`: reward > threshold)
   s1, s2     sum of (r - shift) and of (r - shift)^2
 
 Moments are shifted by a constant `shift` (the threshold by default, a value inside the
@@ -21,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from ada.rewards.score import correct
 
 
 def _xp(x):
@@ -56,7 +60,7 @@ class PoolStats:
 
 def add_one(stats: PoolStats, prompt: int, reward: float, threshold: float) -> None:
     """In-place host update for one scored response (NumPy arrays only)."""
-    if reward > threshold:
+    if correct(reward, threshold):
         stats.pos[prompt] += 1
     else:
         stats.neg[prompt] += 1
@@ -78,21 +82,6 @@ def moments(count, s1, s2, shift):
     std = xp.sqrt(xp.where(var > noise, var, 0.0))
     many = count > 1
     return xp.where(many, shift + mean_d, 0.0), xp.where(many, std, 1.0)
-
-
-def stats_from_pool(rewards_PxS, valid_PxS, threshold, shift: float = 0.0) -> PoolStats:
-    """PoolStats of a padded pool array (jnp; rows are prompts, invalid entries ignored)."""
-    r = jnp.asarray(rewards_PxS)
-    v = jnp.asarray(valid_PxS, bool)
-    is_pos = v & (r > threshold)
-    d = jnp.where(v, r - shift, 0.0)
-    return PoolStats(
-        pos=jnp.sum(is_pos, axis=1, dtype=jnp.int32),
-        neg=jnp.sum(v & ~is_pos, axis=1, dtype=jnp.int32),
-        s1=jnp.sum(d, axis=1),
-        s2=jnp.sum(d * d, axis=1),
-        shift=float(shift),
-    )
 
 
 class Pool:

@@ -1,8 +1,9 @@
 """Exit rules of Reinforce-Ada: when has a prompt drawn enough to stop sampling?
 
 A rule is a pure function `rule(pos, neg, seen, n) -> done` over per-prompt counts
-(arrays of any shape; NumPy or jax, jittable). Its inputs are sums over responses, so a
-multi-host runner all-reduces the counts and every host reaches the same decision.
+(arrays of any shape; NumPy or jax, jittable). Its inputs are sums over responses: each
+process decides for its own prompts (generation is process-local), and counts summed
+across hosts would give every host the same decision (nothing sums them today).
 
   pos      done when pos >= 1 and seen >= n
   balance  done when pos >= n // 2 and neg >= n - n // 2

@@ -1,6 +1,7 @@
 """Down-sample each prompt's pool to exactly n responses (vectorised over prompts, jittable).
 
-Per prompt, with pos / neg the pool's counts, seen = pos + neg, take = min(n, seen), and
+Per prompt, with pos / neg the pool's counts of correct / incorrect responses
+(`ada.rewards.score.correct`: reward > threshold), seen = pos + neg, take = min(n, seen), and
 done = RULES[mode](pos, neg, seen, n):
 
   balanced fill (done prompts of every rule; not-done prompts of `balance` and `none`):
@@ -29,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from ada.adaptive import rules
-from ada.adaptive.pool import stats_from_pool
+from ada.rewards.score import correct
 
 
 def target_counts(pos, neg, n: int, mode: str):
@@ -59,16 +60,16 @@ def select(pool_rewards_PxS, pool_valid_PxS, n: int, mode: str, key, threshold, 
     prompt_ids_P: global ids of the rows (default 0..P-1); each row's randomness comes from
     `fold_in(key, prompt_id)`.
 
-    stats: pos, neg, seen, done, n_pos (kept positives) [P]; group_valid [P, n];
+    stats: done [P] (the exit rule holds on the pool's counts); group_valid [P, n];
     rewards [P, n] (the kept rewards, 0 where invalid); mixed [P] (kept rewards not all
-    equal); pool (PoolStats of the whole pool, shift 0).
+    equal). The pool's counts and moments are the collector's (`Pool.stats`).
     """
     P, S = pool_rewards_PxS.shape
     if S < n:
         raise ValueError(f"pool arrays have {S} columns < n={n}; pad the pool to >= n columns")
     r = pool_rewards_PxS
     v = pool_valid_PxS.astype(bool)
-    is_pos = v & (r > threshold)
+    is_pos = v & correct(r, threshold)
     is_neg = v & ~is_pos
     pos = jnp.sum(is_pos, axis=1, dtype=jnp.int32)
     neg = jnp.sum(is_neg, axis=1, dtype=jnp.int32)
@@ -91,9 +92,4 @@ def select(pool_rewards_PxS, pool_valid_PxS, n: int, mode: str, key, threshold, 
     kept = jnp.where(group_valid, jnp.take_along_axis(r, jnp.maximum(idx, 0), axis=1), 0.0)
     first = kept[:, :1]
     mixed = jnp.any(group_valid & (kept != first), axis=1)
-    stats = dict(
-        pos=pos, neg=neg, seen=pos + neg, done=done, n_pos=n_pos,
-        group_valid=group_valid, rewards=kept, mixed=mixed,
-        pool=stats_from_pool(r, v, threshold),
-    )
-    return idx, stats
+    return idx, dict(done=done, group_valid=group_valid, rewards=kept, mixed=mixed)

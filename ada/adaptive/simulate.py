@@ -36,7 +36,7 @@ class SimCompletion:
     token_ids: tuple = ()
     text: str = ""
     logprobs: tuple = ()
-    finish_reason: str = "stop"
+    finish_reason: str = "eos"
     num_tokens: int = 0
 
 
@@ -96,22 +96,6 @@ class SimulatedDriver:
         done = [s[1] for s in self._slots if s[0] == 0]
         self._slots = [s for s in self._slots if s[0] > 0]
         return done
-
-
-def simulated_generate(policy: SimulatedPolicy):
-    """A round-loop `generate(requests) -> completions` over the simulated policy (completions
-    come back in the order they finish, which the collector must not depend on)."""
-
-    def generate(requests):
-        driver = SimulatedDriver(policy, max(len(requests), 1))
-        for r in requests:
-            driver.submit(r)
-        out = []
-        while len(out) < len(requests):
-            out += driver.step()
-        return out
-
-    return generate
 
 
 def pass_rate_mix(name: str, rng: np.random.Generator, size: int) -> np.ndarray:

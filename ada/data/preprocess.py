@@ -6,7 +6,8 @@ Three passes, each counted (input = duplicates + unparseable + filtered + kept):
 2. `drop_unparseable`: drop records whose gold answer the verifier cannot parse
    (`ada.rewards.math_verifier.gold_is_parseable`); such a prompt can only teach noise.
 3. `difficulty_filter`: sample k responses per prompt with the policy itself
-   (`sample_fn(records, k) -> rewards [P, k]`, provided by the sampling engine), and keep
+   (`rewards_fn(records, k) -> rewards [P, k]`; `ada.evaluation.pass_rates` draws them
+   through the sampling engine), and keep
    prompts whose pass rate lies in [min_pass_rate, max_pass_rate] (and, optionally, that
    were solved at least once). Results are appended to a JSONL cache chunk by chunk, so a
    killed run resumes without re-sampling the prompts already done.
@@ -31,10 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from ada.data.sources import DataError, Record
+from ada.rewards.score import correct
 
 log = logging.getLogger(__name__)
 
-SampleFn = Callable[[Sequence[Record], int], np.ndarray]
+RewardsFn = Callable[[Sequence[Record], int], np.ndarray]  # (records, k) -> rewards [P, k]
 
 # ----------------------------------------------------------------------------- dedup
 
@@ -110,12 +112,13 @@ class DifficultyFilter:
     min_pass_rate: float = 0.0
     max_pass_rate: float = 1.0
     require_one_correct: bool = False
-    correct_threshold: float = 0.5  # a sample counts as correct iff reward >= this
-    chunk_size: int = 64  # prompts per sample_fn call (and per cache flush)
+    correct_threshold: float = 0.5  # a sample counts as correct iff reward > this
+    prompts_per_call: int = 64  # prompts per rewards_fn call (and per cache flush)
 
     def __post_init__(self):
-        if self.k <= 0 or self.chunk_size <= 0:
-            raise ValueError(f"k={self.k} and chunk_size={self.chunk_size} must be positive")
+        if self.k <= 0 or self.prompts_per_call <= 0:
+            raise ValueError(f"k={self.k} and prompts_per_call={self.prompts_per_call} must be "
+                             "positive")
         if not 0.0 <= self.min_pass_rate <= self.max_pass_rate <= 1.0:
             raise ValueError(
                 f"need 0 <= min_pass_rate ({self.min_pass_rate}) <= max_pass_rate "
@@ -169,11 +172,11 @@ def _load_cache(path: Path, k: int) -> dict[str, dict]:
     return done
 
 
-def pass_rates(records: Sequence[Record], sample_fn: SampleFn, cfg: DifficultyFilter,
-               cache_path: str | os.PathLike) -> dict[str, dict]:
+def cached_pass_rates(records: Sequence[Record], rewards_fn: RewardsFn, cfg: DifficultyFilter,
+                      cache_path: str | os.PathLike) -> dict[str, dict]:
     """Per-prompt {id, hash, k, num_correct, pass_rate, rewards}, resumed from `cache_path`.
 
-    Only prompts missing from the cache are sampled, `cfg.chunk_size` at a time; each
+    Only prompts missing from the cache are sampled, `cfg.prompts_per_call` at a time; each
     chunk's results are appended and fsync-ed before the next chunk starts.
     """
     path = Path(cache_path)
@@ -195,15 +198,15 @@ def pass_rates(records: Sequence[Record], sample_fn: SampleFn, cfg: DifficultyFi
                  len(todo))
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
-        for start in range(0, len(todo), cfg.chunk_size):
-            chunk = todo[start:start + cfg.chunk_size]
-            rewards_PxK = np.asarray(sample_fn(chunk, cfg.k), dtype=np.float64)
+        for start in range(0, len(todo), cfg.prompts_per_call):
+            chunk = todo[start:start + cfg.prompts_per_call]
+            rewards_PxK = np.asarray(rewards_fn(chunk, cfg.k), dtype=np.float64)
             if rewards_PxK.shape != (len(chunk), cfg.k):
-                raise ValueError(f"sample_fn returned shape {rewards_PxK.shape}, expected "
+                raise ValueError(f"rewards_fn returned shape {rewards_PxK.shape}, expected "
                                  f"{(len(chunk), cfg.k)} (prompts, k)")
             if not np.all(np.isfinite(rewards_PxK)):
-                raise ValueError("sample_fn returned non-finite rewards")
-            correct_PxK = rewards_PxK >= cfg.correct_threshold
+                raise ValueError("rewards_fn returned non-finite rewards")
+            correct_PxK = correct(rewards_PxK, cfg.correct_threshold)
             lines = []
             for r, rew, cor in zip(chunk, rewards_PxK, correct_PxK, strict=True):
                 n = int(cor.sum())
@@ -217,10 +220,10 @@ def pass_rates(records: Sequence[Record], sample_fn: SampleFn, cfg: DifficultyFi
     return {i: done[i] for i in ids}
 
 
-def difficulty_filter(records: Sequence[Record], sample_fn: SampleFn, cfg: DifficultyFilter,
-                      cache_path: str | os.PathLike) -> tuple[list[Record], int]:
-    """Keep records whose pass rate passes `cfg`; adds `pass_rate`. Returns (kept, n_dropped)."""
-    results = pass_rates(records, sample_fn, cfg, cache_path)
+def difficulty_filter(records: Sequence[Record], results: dict[str, dict],
+                      cfg: DifficultyFilter) -> tuple[list[Record], int]:
+    """Keep records whose pass rate (`results`, from `cached_pass_rates`) passes `cfg`; adds
+    `pass_rate`. Returns (kept, n_dropped)."""
     kept = []
     for r in records:
         entry = results[r["id"]]
@@ -245,19 +248,19 @@ def preprocess(
     records: Sequence[Record],
     *,
     is_parseable: Callable[[str], bool] | None = None,
-    sample_fn: SampleFn | None = None,
+    pass_rates_fn: Callable[[Sequence[Record]], dict[str, dict]] | None = None,
     difficulty: DifficultyFilter | None = None,
-    cache_path: str | os.PathLike | None = None,
 ) -> tuple[list[Record], PreprocessCounts]:
-    """dedup -> drop unparseable gold -> difficulty filter (when sample_fn is given)."""
+    """dedup -> drop unparseable gold -> difficulty filter (when `pass_rates_fn(records) ->
+    {id: entry}` is given, e.g. `ada.evaluation.pass_rates` over the policy)."""
     n_in = len(records)
     out, n_dup = dedup(records)
     out, n_bad = drop_unparseable(out, is_parseable)
     n_filt = 0
-    if sample_fn is not None:
-        if difficulty is None or cache_path is None:
-            raise ValueError("the difficulty filter needs `difficulty` and `cache_path`")
-        out, n_filt = difficulty_filter(out, sample_fn, difficulty, cache_path)
+    if pass_rates_fn is not None:
+        if difficulty is None:
+            raise ValueError("the difficulty filter needs `difficulty`")
+        out, n_filt = difficulty_filter(out, pass_rates_fn(out), difficulty)
     counts = PreprocessCounts(n_in, n_dup, n_bad, n_filt, len(out))
     assert n_in == n_dup + n_bad + n_filt + len(out), counts
     log.info("preprocess: %s", counts)

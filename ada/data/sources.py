@@ -1,4 +1,4 @@
-"""Prompt sources: JSONL / Parquet files and the benchmark registry.
+"""Prompt sources: JSONL / Parquet files.
 
 Every source yields the same record dict, so the rest of the pipeline never sees a file
 format:
@@ -35,7 +35,6 @@ Record = dict[str, Any]
 
 ANSWER_FORMATS = ("plain", "gsm8k")
 BAD_ROW_POLICIES = ("raise", "skip")
-DATA_DIR_ENV = "ADA_DATA_DIR"
 
 
 class DataError(ValueError):
@@ -320,86 +319,3 @@ def write_jsonl(records: Iterable[Record], path: str | os.PathLike) -> int:
             n += 1
     os.replace(tmp, path)
     return n
-
-
-# ----------------------------------------------------------------------------- registry
-
-
-@dataclasses.dataclass(frozen=True)
-class KnownFile:
-    path: str  # relative to the data dir
-    rows: int  # published size; a different count means a truncated or different copy
-    origin: str
-
-
-_QWEN = "QwenLM/Qwen2.5-Math evaluation/data/{}/test.jsonl (MIT)"
-BENCHMARKS: dict[str, KnownFile] = {
-    "math500": KnownFile("benchmarks/math500.jsonl", 500,
-                         "openai/prm800k prm800k/math_splits/test.jsonl (MIT)"),
-    "minerva_math": KnownFile("benchmarks/minerva_math.jsonl", 272, _QWEN.format("minerva_math")),
-    "olympiadbench": KnownFile("benchmarks/olympiadbench.jsonl", 675,
-                               _QWEN.format("olympiadbench")),
-    "aime24": KnownFile("benchmarks/aime24.jsonl", 30, _QWEN.format("aime24")),
-    "amc23": KnownFile("benchmarks/amc23.jsonl", 40, _QWEN.format("amc23")),
-    "gsm8k_test": KnownFile("benchmarks/gsm8k_test.jsonl", 1319,
-                            "openai/grade-school-math grade_school_math/data/test.jsonl (MIT)"),
-    "aime25": KnownFile("benchmarks/aime25.jsonl", 30,
-                        "inclusionAI/AReaL evaluation/data/aime25/test.jsonl"),
-}
-TRAIN_SETS: dict[str, KnownFile] = {
-    "math_train": KnownFile("train/math_train_deepscaler.jsonl", 7470,
-                            "agentica-project/deepscaler deepscaler/data/train/math.json (MIT)"),
-    "gsm8k_train": KnownFile("train/gsm8k_train.jsonl", 7473,
-                             "openai/grade-school-math grade_school_math/data/train.jsonl (MIT)"),
-    "aime_1983_2023": KnownFile("train/aime_1983_2023_deepscaler.jsonl", 975,
-                                "agentica-project/deepscaler deepscaler/data/train/aime.json (MIT)"),
-}
-
-
-def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """data_dir argument, else $ADA_DATA_DIR; the folder holding benchmarks/ and train/."""
-    d = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV)
-    if not d:
-        raise DataError(
-            f"no data directory: pass data_dir=... or set {DATA_DIR_ENV} to the folder that "
-            "holds benchmarks/*.jsonl and train/*.jsonl (the normalised public files; their "
-            "origins are listed in ada.data.sources.BENCHMARKS / TRAIN_SETS and in "
-            "shared/data/README.md)"
-        )
-    d = Path(d).expanduser()
-    if not d.is_dir():
-        raise DataError(f"data directory {d} does not exist (from data_dir or ${DATA_DIR_ENV})")
-    return d
-
-
-def _load_known(table: dict[str, KnownFile], kind: str, name: str, data_dir, check_count: bool):
-    if name not in table:
-        raise DataError(f"unknown {kind} {name!r}; known: {sorted(table)}")
-    entry = table[name]
-    path = resolve_data_dir(data_dir) / entry.path
-    if not path.is_file():
-        raise DataError(
-            f"{kind} {name!r}: {path} not found. It is the normalised JSONL copy of "
-            f"{entry.origin} ({{id, problem, answer, source}} per line, see "
-            "shared/data/README.md); put it there or point data_dir / "
-            f"${DATA_DIR_ENV} at the folder holding benchmarks/ and train/"
-        )
-    records = load_records(path, RecordFormat(source=name))
-    if check_count and len(records) != entry.rows:
-        raise DataError(
-            f"{path}: {len(records)} rows, expected {entry.rows} for {name!r}; the copy is "
-            "truncated or a different version (pass check_count=False to accept it)"
-        )
-    return records
-
-
-def load_benchmark(name: str, data_dir: str | os.PathLike | None = None,
-                   check_count: bool = True) -> list[Record]:
-    """Load a registered benchmark (see BENCHMARKS) with its gold answers."""
-    return _load_known(BENCHMARKS, "benchmark", name, data_dir, check_count)
-
-
-def load_train_set(name: str, data_dir: str | os.PathLike | None = None,
-                   check_count: bool = True) -> list[Record]:
-    """Load a registered training-prompt file (see TRAIN_SETS)."""
-    return _load_known(TRAIN_SETS, "training set", name, data_dir, check_count)

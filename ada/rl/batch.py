@@ -12,6 +12,7 @@ import numpy as np
 from ada import sharding as shd
 from ada.adaptive.collect import Collected
 from ada.models.transformer import positions_from_mask
+from ada.rl.train import split_problem
 
 MIN_BUCKET = 8  # shortest prompt or response part of a trimmed batch
 
@@ -32,12 +33,12 @@ class BatchLayout:
     # the update's cost is linear (attention: quadratic) in T, and padding is pure waste
     # (the default run's prompts fill 16 of 32 columns). The real tokens' numbers do not
     # change, up to float summation order (tests/test_batch.py).
-    trim: bool = True
+    trim_padding: bool = True  # the run config's train.trim_padding
 
     def fit(self, longest_prompt: int, longest_response: int) -> BatchLayout:
         """This layout cut to a batch whose longest prompt and response have these lengths
-        (unchanged when `trim` is off)."""
-        if not self.trim:
+        (unchanged when `trim_padding` is off)."""
+        if not self.trim_padding:
             return self
         return dataclasses.replace(self, prompt_len=length_bucket(longest_prompt, self.prompt_len),
                                    response_len=length_bucket(longest_response, self.response_len))
@@ -60,12 +61,11 @@ def minibatch_row_order(P: int, n: int, mini_batches: int) -> np.ndarray:
     and selection lists positives first, so each optimizer update would see one sign only.
     """
     K = mini_batches
-    if K <= 1:
+    if problem := split_problem(P, n, K, 1):
+        raise ValueError(f"train.{problem}; make data.prompts_per_step / processes a multiple "
+                         "of train.mini_batches")
+    if K == 1:
         return np.arange(P * n)
-    if P % K:
-        raise ValueError(f"{P} prompts per process do not split into optim.mini_batches={K} "
-                         "mini-batches of whole prompts; make data.prompts_per_step / processes "
-                         "a multiple of optim.mini_batches")
     per_mini = [[p * n + j for p in range(k, P, K) for j in range(n)] for k in range(K)]
     return np.array([per_mini[i % K][i // K] for i in range(P * n)])
 

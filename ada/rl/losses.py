@@ -31,27 +31,31 @@ K3_CLAMP = 10.0  # as verl's low_var_kl
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Knobs of the policy loss (paper defaults: clip 0.2 / 0.28, entropy 1e-4, no KL)."""
+    """Knobs of the policy loss, the run config's `loss` section field for field (paper
+    defaults: clip 0.2 / 0.28, dual clip 10, entropy 1e-4, no KL)."""
 
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    dual_clip_c: float | None = 10.0  # lower bound on the loss for A < 0; None disables
-    agg_mode: str = "token-mean"
+    clip_low: float = 0.2  # the ratio is clipped below at 1 - clip_low
+    clip_high: float = 0.28  # and above at 1 + clip_high (DAPO's clip-higher)
+    dual_clip: float = 10.0  # A < 0: the loss is at most -A * dual_clip (> 1); 0 disables
+    loss_agg: str = "token-mean"  # one of AGG_MODES
     entropy_coef: float = 1e-4
     kl_coef: float = 0.0  # > 0 needs ref_logp in the batch
-    kl_estimator: str = "k3"
+    kl_estimator: str = "k3"  # one of KL_ESTIMATORS
 
     def __post_init__(self):
         problems = []
-        if self.agg_mode not in AGG_MODES:
-            problems.append(f"agg_mode={self.agg_mode!r} is not one of {AGG_MODES}")
+        if not 0 <= self.clip_low < 1:
+            problems.append(f"clip_low={self.clip_low} must be in [0, 1)")
+        if not self.clip_high >= 0:
+            problems.append(f"clip_high={self.clip_high} must be >= 0")
+        if self.dual_clip != 0 and not self.dual_clip > 1:
+            problems.append(f"dual_clip={self.dual_clip} must be > 1 (or 0 to disable)")
+        if self.loss_agg not in AGG_MODES:
+            problems.append(f"loss_agg={self.loss_agg!r} is not one of {AGG_MODES}")
+        if not self.kl_coef >= 0:
+            problems.append(f"kl_coef={self.kl_coef} must be >= 0 (0 disables the KL term)")
         if self.kl_estimator not in KL_ESTIMATORS:
             problems.append(f"kl_estimator={self.kl_estimator!r} is not one of {KL_ESTIMATORS}")
-        if not (0 <= self.eps_low < 1) or self.eps_high < 0:
-            problems.append(f"clip range eps_low={self.eps_low}, eps_high={self.eps_high} "
-                            "needs 0 <= eps_low < 1 and eps_high >= 0")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
-            problems.append(f"dual_clip_c={self.dual_clip_c} must be > 1 (or None to disable)")
         if problems:
             raise ValueError("invalid LossConfig: " + "; ".join(problems))
 
@@ -84,19 +88,19 @@ def denominators(mask_BxT: jax.Array, mode: str) -> dict[str, jax.Array]:
 def ppo_clip_terms(logp_BxT, old_logp_BxT, adv_BxT, config: LossConfig) -> dict[str, jax.Array]:
     """Per-token PPO-clip loss (to minimise) and which branch was taken.
 
-    loss = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), and for A < 0 additionally
-    min(that, -A c) (dual clip: a token with a huge ratio and negative advantage cannot
-    dominate the batch).
+    loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), and for A < 0 additionally
+    min(that, -A dual_clip) (dual clip: a token with a huge ratio and negative advantage
+    cannot dominate the batch; dual_clip = 0 turns it off).
     """
     log_ratio = jnp.clip(logp_BxT - old_logp_BxT, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(log_ratio)
     loss_plain = -adv_BxT * ratio
-    loss_clipped = -adv_BxT * jnp.clip(ratio, 1.0 - config.eps_low, 1.0 + config.eps_high)
+    loss_clipped = -adv_BxT * jnp.clip(ratio, 1.0 - config.clip_low, 1.0 + config.clip_high)
     loss = jnp.maximum(loss_plain, loss_clipped)
     clipped = loss_clipped > loss_plain
     dual_clipped = jnp.zeros_like(clipped)
-    if config.dual_clip_c is not None:
-        loss_dual = -adv_BxT * config.dual_clip_c
+    if config.dual_clip:
+        loss_dual = -adv_BxT * config.dual_clip
         negative = adv_BxT < 0
         dual_clipped = negative & (loss > loss_dual)
         loss = jnp.where(negative, jnp.minimum(loss, loss_dual), loss)
@@ -152,8 +156,8 @@ def policy_loss(
     c = config
     mask = response_mask_BxT.astype(jnp.float32)
     if denoms is None:
-        denoms = denominators(mask, c.agg_mode)
-    weights = agg_weights(mask, c.agg_mode)
+        denoms = denominators(mask, c.loss_agg)
+    weights = agg_weights(mask, c.loss_agg)
 
     def agg(x):
         return jnp.sum(weights * x) / denoms["loss"]

@@ -20,20 +20,28 @@ import optax
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
+    """The run config's `optim` section field for field, plus Adam's constants."""
+
     lr: float = 1e-6
-    warmup_steps: int = 10
+    warmup_steps: int = 10  # RL steps of linear warm-up
     weight_decay: float = 0.0
+    grad_clip: float = 1.0  # global grad-norm clip; 0 disables
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
-    clip_norm: float | None = 1.0  # global grad-norm clip; None disables
 
     def __post_init__(self):
-        if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0:
-            raise ValueError(
-                f"invalid OptimConfig: lr={self.lr} must be > 0, warmup_steps="
-                f"{self.warmup_steps} and weight_decay={self.weight_decay} must be >= 0"
-            )
+        problems = []
+        if not self.lr > 0:
+            problems.append(f"lr={self.lr} must be > 0")
+        if self.warmup_steps < 0:
+            problems.append(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if not self.weight_decay >= 0:
+            problems.append(f"weight_decay={self.weight_decay} must be >= 0")
+        if not self.grad_clip >= 0:
+            problems.append(f"grad_clip={self.grad_clip} must be >= 0 (0 disables clipping)")
+        if problems:
+            raise ValueError("invalid OptimConfig: " + "; ".join(problems))
 
 
 def lr_schedule(config: OptimConfig):
@@ -49,8 +57,8 @@ def lr_schedule(config: OptimConfig):
 def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
     """AdamW up to the learning rate, which `guarded_update` applies (see module doc)."""
     parts = []
-    if config.clip_norm is not None:
-        parts.append(optax.clip_by_global_norm(config.clip_norm))
+    if config.grad_clip:
+        parts.append(optax.clip_by_global_norm(config.grad_clip))
     parts.append(optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps))
     parts.append(optax.add_decayed_weights(config.weight_decay))
     return optax.chain(*parts)

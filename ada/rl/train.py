@@ -24,7 +24,7 @@ row i belongs to mini-batch i % K and micro-batch (i // K) % M. Under a batch sh
 contiguous blocks over data x fsdp every device then holds an equal share of every micro-
 batch, so no rows move between devices. B must be a multiple of K * M * (data * fsdp).
 
-On-policy (ppo_epochs == 1 and mini_batches == 1) the ratio is exp(logp - stop_grad(logp))
+On-policy (epochs == 1 and mini_batches == 1) the ratio is exp(logp - stop_grad(logp))
 = 1 exactly, as in verl: the loss is then the plain policy gradient and old_logp is unused.
 Otherwise the ratio is against the batch's old_logp, which must come from this same forward
 pass (`add_logps`), never from the sampler.
@@ -55,11 +55,31 @@ BATCH_DTYPES = dict(tokens=jnp.int32, positions=jnp.int32, mask=jnp.bool_,
                     ref_logp=jnp.float32)
 
 
+def split_problem(prompts: int, n: int, mini_batches: int, micro_batches: int) -> str | None:
+    """Why a batch of `prompts` x `n` responses does not split into `mini_batches` PPO
+    mini-batches of whole prompts, each cut into `micro_batches` equal micro-batches; None
+    when it does. The one divisibility check behind the run config (ada/config.py) and the
+    row order (ada/rl/batch.py)."""
+    K, M = mini_batches, micro_batches
+    if K < 1 or M < 1:
+        return f"mini_batches={K} and micro_batches={M} must be >= 1"
+    if prompts % K:
+        return f"mini_batches={K} does not divide the {prompts} prompts (whole prompts per mini-batch)"
+    if prompts * n % (K * M):
+        return (f"mini_batches x micro_batches = {K} x {M} does not divide the {prompts} x {n} "
+                f"= {prompts * n} responses")
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """The policy update. `epochs`, `mini_batches` and `micro_batches` are the run
+    config's `train` section's fields of those names; `loss` and `optim` its `loss` and
+    `optim` sections."""
+
     loss: LossConfig = LossConfig()
     optim: OptimConfig = OptimConfig()
-    ppo_epochs: int = 1
+    epochs: int = 1  # PPO epochs over each collected batch
     mini_batches: int = 1  # optimizer updates per epoch
     micro_batches: int = 1  # gradient-accumulation splits of each mini-batch
     remat: bool = False  # rematerialise each transformer block in the backward pass
@@ -74,19 +94,21 @@ class TrainConfig:
     temperature: float = 1.0
 
     def __post_init__(self):
-        for name in ("ppo_epochs", "mini_batches", "micro_batches", "logit_chunk"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1")
+        problems = [f"{name}={getattr(self, name)} must be >= 1"
+                    for name in ("epochs", "mini_batches", "micro_batches", "logit_chunk")
+                    if getattr(self, name) < 1]
         if not self.temperature > 0:
-            raise ValueError(f"TrainConfig.temperature={self.temperature} must be > 0 (for "
-                             "greedy sampling, temperature 0, train at 1.0)")
+            problems.append(f"temperature={self.temperature} must be > 0 (for greedy "
+                            "sampling, temperature 0, train at 1.0)")
+        if problems:
+            raise ValueError("invalid TrainConfig: " + "; ".join(problems))
 
     def unroll(self, model_cfg: ModelConfig) -> bool:
         return model_cfg.num_layers <= self.unroll_layers
 
     @property
     def on_policy(self) -> bool:
-        return self.ppo_epochs == 1 and self.mini_batches == 1
+        return self.epochs == 1 and self.mini_batches == 1
 
 
 @struct.dataclass
@@ -210,7 +232,7 @@ def minibatch_grads(params, mini, model_cfg: ModelConfig, config: TrainConfig, m
     """Gradient (float32) and metrics of one mini-batch [M, b, ...], accumulated over its M
     micro-batches. Each micro-batch divides by the whole mini-batch's denominators, so the
     sum equals the unsplit mini-batch's loss and gradient."""
-    denoms = denominators(mini["response_mask"], config.loss.agg_mode)
+    denoms = denominators(mini["response_mask"], config.loss.loss_agg)
     vg = jax.value_and_grad(loss_fn, has_aux=True)
     if mini["tokens"].shape[0] == 1:  # no accumulation: saves a float32 copy of the grads
         (_, metrics), grads = vg(params, jax.tree.map(lambda x: x[0], mini), denoms,
@@ -239,7 +261,7 @@ def minibatch_grads(params, mini, model_cfg: ModelConfig, config: TrainConfig, m
 
 def train_step(state: TrainState, batch, model_cfg: ModelConfig, config: TrainConfig,
                mesh=None, grad_shardings=None):
-    """ppo_epochs x mini_batches guarded AdamW updates on one collected batch.
+    """epochs x mini_batches guarded AdamW updates on one collected batch.
 
     Returns (state, metrics): loss metrics averaged over the updates, `skipped` (updates
     skipped in this call), `skipped_total`, `grad_norm` (before clipping), `lr` (of this RL
@@ -247,7 +269,7 @@ def train_step(state: TrainState, batch, model_cfg: ModelConfig, config: TrainCo
     """
     if not config.on_policy and "old_logp" not in batch:
         raise ValueError("train batch has no old_logp but the update is off-policy "
-                         f"(ppo_epochs={config.ppo_epochs}, mini_batches={config.mini_batches});"
+                         f"(epochs={config.epochs}, mini_batches={config.mini_batches});"
                          " call add_logps first")
     check_batch(batch, config, mesh)
     K, M = config.mini_batches, config.micro_batches
@@ -271,7 +293,7 @@ def train_step(state: TrainState, batch, model_cfg: ModelConfig, config: TrainCo
     def epoch(state, _):
         return jax.lax.scan(update, state, minis)
 
-    state, metrics = jax.lax.scan(epoch, state, None, length=config.ppo_epochs)  # [E, K]
+    state, metrics = jax.lax.scan(epoch, state, None, length=config.epochs)  # [E, K]
     out = {k: jnp.mean(v) for k, v in metrics.items()}
     out["skipped"] = jnp.sum(metrics["skipped"])
     out["skipped_total"] = state.skipped.astype(jnp.float32)

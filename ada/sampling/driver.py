@@ -9,8 +9,8 @@ The driver owns the decode state and a FIFO request queue. `step()` does one rou
   2. one jitted chunk of K decode steps over the first b slots (b = the smallest slot
      bucket holding every busy slot), attending to the smallest window bucket that holds
      every busy slot's filled cache positions plus K;
-  3. on the host: append each slot's valid tokens, look for stop strings in the new text,
-     finish slots that hit EOS / max new tokens / a stop string, and free them;
+  3. on the host: append each slot's valid tokens, finish the slots that hit EOS or their
+     max new tokens (both decided on the device), and free them;
   4. when the queue is empty, compact the busy slots downwards so the next chunk runs on a
      smaller slot bucket (the tail of a round does not pay for empty slots).
 
@@ -19,7 +19,6 @@ above the engine's cap) do not raise: they come back from the next `step()` as a
 Completion with finish_reason "error" and a message; everything else keeps running.
 
 finish_reason: "eos" (an EOS id was sampled; it is the last of token_ids, not in text),
-"stop" (a stop string appeared; token_ids end with the token that completed it),
 "length" (max_new_tokens reached), "error".
 """
 
@@ -57,7 +56,7 @@ class Completion:
     token_ids: list[int]
     text: str
     logprobs: list[float]  # of the sampled-from distribution (see samplers.py)
-    finish_reason: str  # "eos" | "stop" | "length" | "error"
+    finish_reason: str  # "eos" | "length" | "error"
     prompt_tokens: list[int]
     error: str | None = None
     seq: int = -1  # submission number, from Driver.submit
@@ -74,7 +73,6 @@ class _Slot:
     prompt_bucket: int  # cache positions its prompt fills; generated tokens follow
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
-    text: str = ""
 
 
 class Driver:
@@ -86,24 +84,16 @@ class Driver:
         `engine.prepare_params` gives them (on the engine's mesh, in the compute dtype, one
         buffer per layer). Params already in that form are kept as they are, so one
         prepared copy can serve several drivers.
-      tokenizer: anything with `decode(ids) -> str`; None gives empty texts and disables
-        stop strings.
+      tokenizer: anything with `decode(ids) -> str`; None gives empty texts.
       step_key: the PRNG key of this sampling step (or an int seed).
-      stop_strings: strings that end a response (checked on the host once per chunk).
-      include_stop_str_in_output: keep the stop string at the end of `text`.
       prefix_cache_size: prompts whose prefill is kept for reuse.
     """
 
     def __init__(self, engine: Engine, params, *, tokenizer: Detokenizer | None = None,
-                 step_key: Any = 0, stop_strings=(), include_stop_str_in_output: bool = False,
-                 prefix_cache_size: int = 64):
+                 step_key: Any = 0, prefix_cache_size: int = 64):
         self.engine = engine
         self.params = engine.prepare_params(params)
         self.tokenizer = tokenizer
-        self.stop_strings = tuple(s for s in stop_strings if s)
-        if self.stop_strings and tokenizer is None:
-            raise ValueError("stop_strings need a tokenizer to decode the text; pass tokenizer=")
-        self.include_stop_str_in_output = include_stop_str_in_output
         self.prefix_cache_size = int(prefix_cache_size)
         self.set_step_key(step_key)
         self.state = engine.init_decode_state()
@@ -267,17 +257,10 @@ class Driver:
             keep = valid[slot]
             s.tokens.extend(tokens[slot][keep].tolist())
             s.logprobs.extend(logprobs[slot][keep].tolist())
-            finished = self._check_stop(s, int(keep.sum())) or self._device_finish(s, active[slot])
-            if finished is not None:
-                done.append(self._finish(slot, *finished))
+            if not active[slot]:
+                eos = bool(s.tokens) and s.tokens[-1] in self.engine.eos_ids
+                done.append(self._finish(slot, "eos" if eos else "length"))
         return done
-
-    def _device_finish(self, s: _Slot, still_active: bool):
-        if still_active:
-            return None
-        if s.tokens and s.tokens[-1] in self.engine.eos_ids:
-            return ("eos", len(s.tokens), None)
-        return ("length", len(s.tokens), None)
 
     def _decode(self, ids: list[int]) -> str:
         """Text of the ids the tokenizer knows. A model whose embedding is padded past the
@@ -288,44 +271,16 @@ class Driver:
         n = getattr(self.tokenizer, "vocab_size", None)
         return self.tokenizer.decode([i for i in ids if n is None or 0 <= i < n])
 
-    def _check_stop(self, s: _Slot, n_new: int):
-        """Find a stop string in the text of this chunk's new tokens (host side)."""
-        if not self.stop_strings or n_new == 0:
-            return None
-        ids = s.tokens
-        body = ids[:-1] if ids and ids[-1] in self.engine.eos_ids else ids
-        text = self._decode(body)
-        lookback = max(len(x) for x in self.stop_strings)
-        from_ = max(0, len(s.text) - lookback)
-        s.text = text
-        hits = [(text.find(x, from_), x) for x in self.stop_strings]
-        hits = [(i, x) for i, x in hits if i >= 0]
-        if not hits:
-            return None
-        at, stop = min(hits)
-        end_char = at + len(stop)
-        # The shortest token prefix whose text contains this stop string.
-        first = len(ids) - n_new
-        n_keep = len(body)
-        for j in range(max(first, 1), len(body) + 1):
-            if stop in self._decode(ids[:j])[from_:]:
-                n_keep = j
-                break
-        cut = end_char if self.include_stop_str_in_output else at
-        return ("stop", n_keep, text[:cut])
-
-    def _finish(self, slot: int, reason: str, n_keep: int, text: str | None) -> Completion:
+    def _finish(self, slot: int, reason: str) -> Completion:
         s = self._slots.pop(slot)
         heapq.heappush(self._free, slot)
-        ids = s.tokens[:n_keep]
-        if text is None:
-            text = self._decode(ids[:-1] if reason == "eos" else ids)
+        ids = s.tokens
+        text = self._decode(ids[:-1] if reason == "eos" else ids)
         self.useful_token_steps += len(ids)
-        c = Completion(prompt_id=s.request.prompt_id, sample_idx=s.request.sample_idx,
-                       token_ids=ids, text=text, logprobs=s.logprobs[:n_keep],
-                       finish_reason=reason, prompt_tokens=list(s.request.prompt_tokens),
-                       seq=s.seq)
-        return c
+        return Completion(prompt_id=s.request.prompt_id, sample_idx=s.request.sample_idx,
+                          token_ids=ids, text=text, logprobs=s.logprobs,
+                          finish_reason=reason, prompt_tokens=list(s.request.prompt_tokens),
+                          seq=s.seq)
 
     def _compact(self) -> None:
         """Move the highest busy slots into the lowest free ones when that lets the next

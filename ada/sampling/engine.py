@@ -16,7 +16,7 @@ the model's KV cache:
             inside the chunk; the host looks at the [b, K] tokens once per chunk.
 
 Each slot stops on the device at an EOS id or at its max new tokens (its later tokens come
-back with valid=False); stop strings are the host's job (see driver.py).
+back with valid=False); the driver (driver.py) only reads that off.
 
 Randomness: token i of request (prompt_id, sample_idx) is drawn with
 fold_in(fold_in(fold_in(step_key, prompt_id), sample_idx), i), so a response does not

@@ -1,6 +1,4 @@
-"""Describe a local Hugging Face checkpoint without reading its weights.
-
-    python -m ada.models.inspect PATH [--json]     (console script: ada-inspect)
+"""Describe a local Hugging Face checkpoint without reading its weights (`ada-inspect`).
 
 Reads config.json and the safetensors headers only, so it is instant on a 7B checkpoint.
 Reports family, architecture, parameter count, dtype, shape numbers, tying, shard count,
@@ -9,11 +7,9 @@ and whether ada can load it (the same header checks `load_hf` runs first).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 
 from ada.models.hf import read_headers, validate_tensors, weight_files
 from ada.models.hf_config import CheckpointError, config_from_hf, read_config
@@ -100,23 +96,3 @@ def format_info(info: dict) -> str:
             value = f"{value:,} ({_human(value)}B)"
         lines.append(f"{key:<18} {value}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ada-inspect", description="Describe a local Hugging Face checkpoint (headers only)."
-    )
-    parser.add_argument("path", help="checkpoint directory (config.json + *.safetensors)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
-    try:
-        info = inspect_checkpoint(args.path)
-    except CheckpointError as e:
-        print(f"ada-inspect: error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(info, indent=2) if args.json else format_info(info))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

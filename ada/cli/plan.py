@@ -1,0 +1,87 @@
+"""`python -m ada.plan` (`ada-plan`): will this run fit this TPU slice, and how fast could it
+go at best? The planning itself is ada/planner.py (its docstring says what is compiled and
+reported); this is its command line.
+
+    python -m ada.plan --config configs/qwen25_math_7b.py:ada_balance --topology v5e:4x4 \
+        [--model qwen2.5-math-7b] [--config.sampling.num_slots=64] [--json plan.json]
+    python -m ada.plan --devices 8 --config.mesh.data=-1 [--hbm-gib 16]   # configs/default.py
+
+Exit status: 0 every phase fits (or no HBM to compare with), 1 some phase does not (the JSON
+is written), 2 a user error, one `error: ...` line and nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import pathlib
+import sys
+
+import jax
+
+from ada import config as cfglib
+from ada import planner
+from ada.config import DEFAULT_CONFIG, ConfigError
+from ada.planner import GIB, check_config, make_plan, report
+from ada.tpu import CHIPS, SliceError, parse_topology, tpu_devices
+
+
+def cpu_devices(n: int) -> list:
+    if n < 1:
+        raise ConfigError(f"--devices {n}: give 1 or more fake CPU devices")
+    with contextlib.suppress(RuntimeError):  # the backend already started: use what exists
+        jax.config.update("jax_num_cpu_devices", n)
+    if n > len(jax.devices()):
+        raise ConfigError(f"--devices {n}: give 1 to {len(jax.devices())} (jax already runs "
+                          "with that many CPU devices; a fresh process can have more)")
+    return jax.devices()[:n]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ada.plan", description=planner.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=DEFAULT_CONFIG, help="configs/FILE.py[:arg]")
+    on = ap.add_mutually_exclusive_group(required=True)
+    on.add_argument("--topology", help="a TPU slice, e.g. v5e:4x4: the real TPU compiler")
+    on.add_argument("--devices", type=int, help="N fake CPU devices: XLA:CPU")
+    ap.add_argument("--model", help="a known model's shapes (ada/models/known.py) instead")
+    ap.add_argument("--hbm-gib", type=float, help="HBM to compare with (default: the chip's)")
+    ap.add_argument("--json", help="write the plan to this file")
+    ap.add_argument("--no-train-estimate", action="store_true", help="skip the train step's "
+                    "roofline (its probe compiles take most of a plan's time)")
+    try:
+        overrides, rest = cfglib.parse_override_args(sys.argv[1:] if argv is None else argv)
+        args = ap.parse_args(rest)
+        config = cfglib.build_config(args.config, overrides)
+        model_cfg = check_config(config, args.model)
+        chip = args.topology and parse_topology(args.topology)
+        if args.hbm_gib is not None and args.hbm_gib <= 0:
+            raise ConfigError(f"--hbm-gib {args.hbm_gib:g}: give the GiB per chip, above 0")
+        hbm = (args.hbm_gib or (CHIPS[chip][1] if chip else 0)) * GIB or None
+        with contextlib.suppress(RuntimeError):  # this machine's backend: the TPUs only compile
+            jax.config.update("jax_platforms", "cpu")
+        devices, host = tpu_devices(args.topology) if chip else (cpu_devices(args.devices),) * 2
+        p = make_plan(config, model_cfg, devices, host, args.topology or f"{args.devices} CPU "
+                      "devices", chip, hbm, functools.partial(print, flush=True),
+                      not args.no_train_estimate)
+    except (ConfigError, SliceError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    p.update(model=args.model or os.path.basename(config.model.path.rstrip("/"))
+             or f"{config.model.preset} {model_cfg.family}", topology=args.topology,
+             config=args.config, overrides=dict(overrides), hbm_bytes=hbm, chip=chip and dict(
+                 zip(("name", "peak_flops", "hbm_gib", "bytes_per_s"), (chip, *CHIPS[chip]),
+                     strict=True)))
+    print(report(p, hbm))
+    if hbm and p["num_slots"] > p["max_num_slots"]:
+        print(f"error: sampling.num_slots={p['num_slots']} does not fit {hbm / GIB:g} GiB per "
+              f"chip beside the train state, at most {p['max_num_slots']} do: pass --config."
+              f"sampling.num_slots={p['max_num_slots']}" + " (and raise sampling.mesh tensor or "
+              "mesh.fsdp: no slot fits)" * (not p["max_num_slots"]), file=sys.stderr)
+        return 2
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(p, indent=2))
+    return 1 if p["fits"] is False else 0

@@ -1,0 +1,398 @@
+"""Will this run fit this TPU slice, and how fast could it go at best? Asked before paying.
+
+    python -m ada.plan --config configs/qwen25_math_7b.py:ada_balance --topology v5e:4x4 \
+        [--model qwen2.5-math-7b] [--config.sampling.num_slots=64] [--json plan.json]
+    python -m ada.plan --devices 8 --config.mesh.data=-1 [--hbm-gib 16]   # configs/default.py
+
+The config is read as the runner reads it, the model's shapes from `model.path`'s config.json,
+`--model NAME` (ada/models/known.py) or the preset. Four programs, each as the run builds it,
+are compiled on abstract shapes (nothing is allocated): the train step on the `mesh.*` mesh;
+the reshard (the engine's hand-off of trained params); prefill and a generate chunk on one
+host's `sampling.mesh`. `--topology` compiles with the real TPU compiler (libtpu: pip install
+'ada[tpu]') for abstract chips, `--devices N` with XLA:CPU (its `temp` only guesses a TPU's).
+
+Reported per device: each phase's arguments, outputs, temp and the compiler's peak (a TPU
+compile past HBM fails and its error names the peak); `held`, the train state that stays on
+the chip beside the reshard, prefill and generate (a phase fits when peak + held does);
+max_num_slots, the most slots whose sampler (weights + KV cache + generate temp) fits a chip
+beside that state (`max_slots`); and an ESTIMATE, the roofline lower bound on time from the
+compiler's flops and bytes accessed over the chip's peak FLOP/s and HBM bandwidth (XLA counts
+a loop body once, so from loop-free probes: `train_probe`, and one decode step x chunk_size).
+
+Exit status: 0 every phase fits (or no HBM to compare with), 1 some phase does not (the JSON
+is written), 2 a user error, one `error: ...` line and nothing written: before anything
+compiles, a bad config, topology or mesh, prompt + response past the model's context, or a
+KV cache past HBM by itself (`check_slots`); after the report, num_slots above max_num_slots.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import functools
+import math
+import os
+import re
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ada import config as cfglib
+from ada import setup
+from ada import sharding as shd
+from ada.config import ConfigError
+from ada.models.hf_config import CheckpointError, read_config
+from ada.models.known import KNOWN, known
+from ada.rl import train as rl
+from ada.tokenizer import load_tokenizer
+from ada.tpu import CHIPS
+
+GIB = 2 ** 30
+_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)(\w?)\w*\) exceeds available HBM "
+                  r"\(([\d.]+)(\w?)\w*\)|Used ([\d.]+)(\w?)\w* of ([\d.]+)(\w?)\w* hbm")
+
+
+def resolve_model(config, model_name: str | None):
+    """--model's known shapes, model.path's config.json, or the preset (sized to the
+    tokenizer's vocabulary), in the config's dtypes."""
+    m = config.model
+    if model_name:
+        if model_name.lower() not in KNOWN:
+            raise ConfigError(f"--model {model_name!r} is not a known model; choose one of "
+                              f"{', '.join(KNOWN)}")
+        return known(model_name).replace(dtype=m.dtype, param_dtype=m.param_dtype)
+    if m.path and not os.path.isdir(m.path):
+        guess = difflib.get_close_matches(os.path.basename(m.path.rstrip("/")).lower(),
+                                          list(KNOWN), n=1, cutoff=0.5)
+        raise ConfigError(f"model path {m.path!r} does not exist; pass --config.model.path=DIR "
+                          "(only its config.json is read) or plan known shapes with --model "
+                          f"{guess[0] if guess else 'NAME'} (one of {', '.join(KNOWN)})")
+    try:
+        if m.path:
+            return read_config(m.path)[1].replace(dtype=m.dtype, param_dtype=m.param_dtype)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
+    vocab = config.tokenizer.vocab_size
+    if config.tokenizer.path:
+        vocab = load_tokenizer(config.tokenizer.path).vocab_size
+    return setup.model_config_for(config, types.SimpleNamespace(vocab_size=vocab))
+
+
+def check_config(config, model_name: str | None):
+    """The runner's checks but for the data files (never read here), then the model's."""
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        c.data.train_path = c.data.eval_path = c.model.path = ""
+    cfglib.validate(c)
+    model = resolve_model(config, model_name)
+    setup.check_context_window(config, model)
+    return model
+
+
+def mesh_sizes(sizes, n: int, knob: str, where: str, exact: bool) -> tuple[int, ...]:
+    """Sizes, a leading -1 resolved; their product must be n (or, not `exact`, divide it)."""
+    sizes = tuple(int(s) for s in sizes)
+    rest = math.prod(sizes[1:])
+    if sizes[0] == -1 and rest >= 1 and n % rest == 0:
+        sizes = (n // rest,) + sizes[1:]
+    if min(sizes) < 1 or (n != math.prod(sizes) if exact else n % math.prod(sizes)):
+        raise ConfigError(f"{knob}={sizes} does not {'match' if exact else 'divide'} the {n} "
+                          f"devices of {where}; choose sizes whose product "
+                          f"{'is' if exact else 'divides'} {n} (-1 first: all the rest)")
+    return sizes
+
+
+def device_bytes(tree, shardings=None) -> int:
+    """Bytes of one device's shards of an abstract tree (by default under its own shardings)."""
+    shardings = jax.tree.map(lambda x: x.sharding, tree) if shardings is None else shardings
+    sizes = jax.tree.map(lambda x, sh: math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize,
+                         tree, shardings)
+    return int(sum(jax.tree.leaves(sizes)))
+
+
+def with_shardings(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def compile_phase(lowered, arguments: int) -> dict:
+    """One device's buffers and costs. The peak is the TPU compiler's own (XLA:CPU's leaves
+    temp out: there, arguments + outputs + temp - aliased). A TPU compile past HBM raises:
+    its error gives the peak and the compiler's HBM limit, the shardings the arguments."""
+    t0 = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        if not (hit := _OOM.search(str(e))):
+            raise
+        n, u, m, v = [x for x in hit.groups() if x is not None]
+        size = lambda num, unit: int(float(num) * 1024 ** "BKMGT".index(unit.upper() or "B"))
+        return dict(arguments_bytes=arguments, peak_bytes=size(n, u), hbm_limit_bytes=size(m, v),
+                    over_hbm=True, compile_s=round(time.perf_counter() - t0, 1))
+    ma, ca = compiled.memory_analysis(), compiled.cost_analysis() or {}
+    a, o, t, al = (ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.temp_size_in_bytes,
+                   ma.alias_size_in_bytes)
+    return dict(arguments_bytes=a, outputs_bytes=o, temp_bytes=t, aliased_bytes=al,
+                peak_bytes=ma.peak_memory_in_bytes if next(iter(jax.tree.leaves(
+                    compiled.input_shardings)[0].device_set)).platform == "tpu" else a + o + t - al,
+                flops=float(ca.get("flops", 0)), bytes_accessed=float(ca.get("bytes accessed", 0)),
+                compile_s=round(time.perf_counter() - t0, 1))
+
+
+def abstract_batch(rows: int, seq_len: int, train_cfg, lead: tuple = (), sharding=None) -> dict:
+    """The train batch as abstract arrays (old_logp / ref_logp when the update reads them)."""
+    keys = (rl.REQUIRED_KEYS + ("old_logp",) * (not train_cfg.on_policy)
+            + ("ref_logp",) * (train_cfg.loss.kl_coef > 0))
+    return {k: jax.ShapeDtypeStruct(lead + ((rows,) if k == "advantages" else (rows, seq_len)),
+                                    rl.BATCH_DTYPES[k], sharding=sharding) for k in keys}
+
+
+def lower_train_step(model_cfg, train_cfg, mesh, rows: int, seq_len: int):
+    """The sharded train step lowered on abstract inputs: (lowered, fns, state, batch)."""
+    try:
+        shd.check_batch_size(rows, mesh, train_cfg.mini_batches * train_cfg.micro_batches,
+                             what="train batch (data.prompts_per_step x adaptive.n)")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    fns = rl.make_train_fns(model_cfg, train_cfg, mesh)
+    state = rl.abstract_state(model_cfg, train_cfg)
+    batch = abstract_batch(rows, seq_len, train_cfg)
+    return fns.train_step.lower(state, batch), fns, state, batch
+
+
+def plan_train(model_cfg, train_cfg, mesh, rows: int, seq_len: int, probe: bool) -> dict:
+    lowered, fns, state, batch = lower_train_step(model_cfg, train_cfg, mesh, rows, seq_len)
+    split = dict(params_bytes=device_bytes(state.params, fns.state_sharding.params),
+                 opt_state_bytes=device_bytes(state.opt_state, fns.state_sharding.opt_state),
+                 batch_bytes=device_bytes(batch, shd.batch_shardings(batch, mesh)))
+    fig = compile_phase(lowered, device_bytes(state, fns.state_sharding) + split["batch_bytes"])
+    fig.update(split, rows=rows, seq_len=seq_len, remat=train_cfg.remat,
+               mini_batches=train_cfg.mini_batches, micro_batches=train_cfg.micro_batches,
+               shape=f"{rows} x {seq_len}, {train_cfg.mini_batches} mini x "
+                     f"{train_cfg.micro_batches} micro, remat {'on' if train_cfg.remat else 'off'}")
+    if probe:
+        fig["probe"] = train_probe(model_cfg, train_cfg, mesh, rows, seq_len)
+    return fig
+
+
+def train_probe(model_cfg, train_cfg, mesh, rows: int, seq_len: int) -> dict:
+    """Flops and bytes of one micro-batch's loss and gradient (the step: x micro x mini-batches
+    x epochs) from small loop-free compiles: 1 or 2 layers unrolled (a list of per-layer
+    weights) leave only the loop over N logit chunks of C positions, its body counted once.
+    Costs are linear in [1, r, r c, L, L r] (r rows per device, c positions per chunk body,
+    L layers): fitted at small (r, c, L), read at the micro-batch's (r, N C, L). The compiler
+    drops remat recompute from such code and the optimizer update is left out, so with remat
+    the bound is looser (by up to a third)."""
+    shards = shd.batch_shards(mesh)
+    r = rows // (train_cfg.mini_batches * train_cfg.micro_batches * shards)
+    C = min(train_cfg.logit_chunk, seq_len - 1)
+    N = -(-(seq_len - 1) // C)
+    half = C // 2 if N > 1 else C
+
+    def cost(per_device, chunk, layers):
+        model = model_cfg.replace(num_layers=layers)
+        cfg = dataclasses.replace(train_cfg, logit_chunk=chunk)
+        unrolled = jax.eval_shape(lambda p: dict(p, layers=[
+            jax.tree.map(lambda x, i=i: x[i], p["layers"]) for i in range(layers)]),
+            rl.abstract_state(model, cfg).params)
+        fn = jax.jit(functools.partial(rl.minibatch_grads, model_cfg=model, config=cfg,
+                                       mesh=mesh))
+        return compile_phase(fn.lower(
+            with_shardings(unrolled, shd.param_shardings(unrolled, mesh)),
+            abstract_batch(per_device * shards, seq_len, cfg, (1,),
+                           NamedSharding(mesh, P(None, shd.BATCH_AXES)))), 0)
+
+    points = [(1, half, 1), (1, half, 2)] + [(2, half, 1), (2, half, 2)] * (r > 1) \
+        + [(1, C, 1)] * (N > 1)
+    figs = [cost(*pt) for pt in points]
+    if missing := [f for f in figs if "flops" not in f]:
+        return missing[0]
+    features = lambda rr, c, L: [1, rr, rr * c, L, L * rr]
+    coef = np.linalg.lstsq(np.array([features(*pt) for pt in points], float),
+                           np.array([[f["flops"], f["bytes_accessed"]] for f in figs]),
+                           rcond=None)[0]
+    flops, nbytes = np.array(features(r, N * C, model_cfg.num_layers), float) @ coef
+    return {"flops": float(flops), "bytes_accessed": float(nbytes), "rows_per_device": r,
+            "logit_chunks": N, "compiles": len(points)}
+
+
+def plan_reshard(engine, stacked, train_mesh) -> dict:
+    """Engine.prepare_params' hand-off: train mesh -> the engine's mesh on every host."""
+    in_sh = shd.param_shardings(stacked, train_mesh)
+    view = shd.replica_mesh(engine.mesh, train_mesh.devices.flat)
+    fn = jax.jit(engine._sampling_fn, in_shardings=(in_sh,),
+                 out_shardings=view and engine.param_shardings(stacked, view))
+    return dict(compile_phase(fn.lower(stacked), device_bytes(stacked, in_sh)),
+                shape="params -> sampler weights")
+
+
+def plan_prefill(engine, params) -> dict:
+    """The engine's jitted prefill (its host arrays arrive replicated)."""
+    shape = (engine.row_buckets[-1], engine.max_prompt_len)
+    tokens, mask = (jax.ShapeDtypeStruct(shape, t, sharding=NamedSharding(engine.mesh, P()))
+                    for t in (jnp.int32, bool))
+    fig = compile_phase(engine._prefill.lower(params, tokens, mask), device_bytes(params))
+    return dict(fig, rows=shape[0], prompt_len=shape[1],
+                shape=f"{shape[0]} x {shape[1]} prompt tokens")
+
+
+def plan_generate(engine, params, num_steps: int | None = None) -> dict:
+    """The engine's jitted generate, every slot attending to the whole cache."""
+    state = with_shardings(jax.eval_shape(engine.init_decode_state), engine.state_shardings())
+    K = num_steps or engine.chunk_size
+    lowered = engine._generate.lower(params, state, num_steps=K, num_slots=engine.num_slots,
+                                     window=engine.cache_len)
+    return dict(compile_phase(lowered, device_bytes((params, state))), num_slots=engine.num_slots,
+                steps=K, cache_len=engine.cache_len,
+                shape=f"{engine.num_slots} slots x {K} steps, cache {engine.cache_len}")
+
+
+fits = lambda f, hbm: not f.get("over_hbm") and f["peak_bytes"] + f.get("held_bytes", 0) <= hbm
+
+
+def check_slots(engine, params, held: int, hbm: float) -> None:
+    """Before any compile: num_slots whose KV cache alone is past HBM, beside the sampler's
+    weights and the train state (`held`), says how many could fit (compiling tells)."""
+    cache = device_bytes(with_shardings(jax.eval_shape(engine.init_decode_state),
+                                        engine.state_shardings()))
+    n, d, room = engine.num_slots, engine.mesh.shape["data"], hbm - held - device_bytes(params)
+    if cache > room:
+        most = max(int(room * n / cache) // d * d, 0)
+        raise ConfigError(
+            f"sampling.num_slots={n} cannot fit {hbm / GIB:g} GiB per chip: its KV cache takes "
+            f"{cache / GIB:.2f} GiB beside {(hbm - room) / GIB:.2f} GiB of train state and sampler "
+            f"weights; at most {most} could: pass --config.sampling.num_slots={most}"
+            + " and raise sampling.mesh tensor or mesh.fsdp" * (not most))
+
+
+def max_slots(generate_at, first: dict, step: int, hbm: float) -> tuple[int, str, dict | None]:
+    """The most slots (a multiple of `step`) whose generate peak fits `hbm`: a line through
+    the peaks at two slot counts, checked by compiling at its answer (a miss redraws it)."""
+    b1, p1 = first["num_slots"], first["peak_bytes"]
+    b2 = b1 // 2 if b1 // 2 >= step and (b1 // 2) % step == 0 else 2 * b1
+    second = generate_at(b2)
+    per_slot = max((second["peak_bytes"] - p1) / (b2 - b1), 1.0)  # bytes; 0 would never end
+    fixed = p1 - per_slot * b1
+    limit = min([hbm] + [f["hbm_limit_bytes"] for f in (first, second) if "hbm_limit_bytes" in f])
+    best = int((limit - fixed) / per_slot) // step * step
+    how = (f"line through generate's peak at {b1} and {b2} slots: {fixed / GIB:.2f} GiB + "
+           f"{per_slot / 2**20:.2f} MiB/slot per device, checked by a compile")
+    for _ in range(4):
+        if best <= 0:
+            return 0, how, None
+        fig = generate_at(best)
+        if fits(fig, hbm):
+            return best, how, fig
+        limit = min(limit, fig.get("hbm_limit_bytes", limit))  # the compiler's own
+        per_slot = max((fig["peak_bytes"] - p1) / (best - b1), per_slot) if best != b1 else per_slot
+        fixed = p1 - per_slot * b1
+        best = min(best - step, int((limit - fixed) / per_slot) // step * step)
+    return best, how + " (the last check did not fit)", None
+
+
+def roofline_s(fig: dict, chip: str) -> float | None:
+    """Seconds at the chip's peak FLOP/s or HBM bandwidth, whichever binds (None: no compile)."""
+    peak, _, bandwidth = CHIPS[chip]
+    return max(fig["flops"] / peak, fig["bytes_accessed"] / bandwidth) if "flops" in fig else None
+
+
+def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
+    t, prefill, host = p["phases"]["train"], p["phases"]["prefill"], p["chips_per_host"]
+    rate = lambda tokens, s: s and tokens / host / s
+    train_s = (s := roofline_s(t.get("probe", {}), chip)) and s * p["epochs"] * t["mini_batches"] \
+        * t["micro_batches"]
+    model_flops = (rl.train_flops_per_token(model_cfg, t["seq_len"]) * t["rows"] * t["seq_len"]
+                   * p["epochs"] / p["devices"])
+    return {"decode_tokens_per_s_per_chip": rate(decode["num_slots"], roofline_s(decode, chip)),
+            "decode_num_slots": decode["num_slots"],
+            "prefill_tokens_per_s_per_chip": rate(prefill["rows"] * prefill["prompt_len"],
+                                                  roofline_s(prefill, chip)),
+            "train_step_s": train_s,
+            "train_mfu": train_s and model_flops / (train_s * CHIPS[chip][0]),
+            "reshard_s": roofline_s(p["phases"]["reshard"], chip)}
+
+
+def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
+              hbm: float | None, log, train_estimate: bool) -> dict:
+    """`host`: one host's devices (on CPU `devices` themselves, on TPU a one-host slice)."""
+    n, first = len(devices), [d for d in devices if d.process_index == 0]
+    m = config.mesh
+    train_mesh = shd.make_mesh(mesh_sizes((m.data, m.fsdp, m.tensor), n, "mesh (data, fsdp, "
+                                          "tensor)", where, exact=True), devices)
+    data, tensor = mesh_sizes(config.sampling.mesh, len(host), "sampling.mesh",
+                              f"one host of {where}", exact=False)
+    mesh_on = lambda devs: shd.make_mesh((data, 1, tensor), sorted(devs, key=lambda d: d.id)
+                                         [:data * tensor])  # as ada.sharding.local_mesh
+    sampling_mesh, tc = mesh_on(host), setup.train_config(config)
+    engine = setup.make_engine(config, model_cfg, None, sampling_mesh)
+    stacked = rl.abstract_state(model_cfg, rl.TrainConfig()).params
+    params = with_shardings(jax.eval_shape(engine._sampling_fn, stacked),
+                            engine.param_shardings(stacked))
+    held = device_bytes(rl.abstract_state(model_cfg, tc),  # stays on the chip through the rollout
+                        rl.make_train_fns(model_cfg, tc, train_mesh).state_sharding)
+    if hbm:
+        check_slots(engine, params, held, hbm)
+    rows, seq = (config.data.prompts_per_step * config.adaptive.n,
+                 engine.max_prompt_len + config.sampling.max_new_tokens)
+    p = dict(devices=n, hosts=n // len(first), chips_per_host=len(first), epochs=tc.epochs,
+             train_mesh=dict(train_mesh.shape), sampling_mesh=dict(data=data, tensor=tensor),
+             num_slots=engine.num_slots, max_num_slots=None, max_num_slots_method=None,
+             fits=None, phases={})
+    ph = p["phases"]
+    log(f"compiling the train step ({rows} x {seq} tokens) ...")
+    ph["train"] = plan_train(model_cfg, tc, train_mesh, rows, seq, probe=bool(chip and train_estimate))
+    log("compiling the reshard and prefill ...")
+    ph["reshard"] = plan_reshard(setup.make_engine(config, model_cfg, None, mesh_on(first),
+                                                   num_slots=engine.num_slots),
+                                 stacked, train_mesh)
+    ph["prefill"] = plan_prefill(engine, params)
+
+    def generate_at(slots, steps=None):
+        log(f"compiling generate at {slots} slots{' (one step: the cost probe)' if steps else ''}")
+        return plan_generate(setup.make_engine(config, model_cfg, None, sampling_mesh,
+                                               num_slots=slots), params, steps)
+
+    ph["generate"] = generate_at(engine.num_slots)
+    ph["prefill"]["held_bytes"] = ph["generate"]["held_bytes"] = held
+    ph["reshard"]["held_bytes"] = held - ph["train"]["params_bytes"]  # it reads the params
+    if hbm:
+        p["max_num_slots"], p["max_num_slots_method"], checked = max_slots(
+            generate_at, ph["generate"], data, hbm - held)
+        p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]
+        p["fits"] = all(fits(f, hbm) for f in ph.values())
+    slots = engine.num_slots if fits(ph["generate"], hbm or math.inf) else p["max_num_slots"]
+    if chip and slots:
+        p["estimate"] = estimate(p, model_cfg, chip, generate_at(slots, 1))
+    return p
+
+
+def report(p: dict, hbm: float | None) -> str:
+    gib = lambda b: "-" if b is None else f"{b / GIB:.2f}"
+    out = [f"{p['model']} on {p['topology'] or 'CPU'}: {p['devices']} devices, {p['hosts']} "
+           f"host(s) of {p['chips_per_host']}; train mesh {p['train_mesh']}, sampling mesh per "
+           f"host {p['sampling_mesh']}",
+           f"{'GiB/device':47s} {'args':>7s} {'out':>7s} {'temp':>7s} {'peak':>7s} {'+ held':>7s}"]
+    for name, f in p["phases"].items():
+        out.append(f"{name:8s} {f['shape']:38s} {gib(f['arguments_bytes']):>7s} "
+                   f"{gib(f.get('outputs_bytes')):>7s} {gib(f.get('temp_bytes')):>7s} "
+                   f"{gib(f['peak_bytes']):>7s} {gib(f.get('held_bytes')):>7s}"
+                   + ("" if hbm is None else "  fits" if fits(f, hbm) else "  DOES NOT FIT"))
+    if p["max_num_slots"] is not None:
+        out.append(f"max num_slots: {p['max_num_slots']} ({p['max_num_slots_method']})")
+    if e := p.get("estimate"):
+        f = lambda key, spec, scale=1: "-" if e[key] is None else format(e[key] * scale, spec)
+        out += ["ESTIMATE (roofline bound from the compiler's costs, not measured; '-': no fit):",
+                f"  train step >= {f('train_step_s', '.2f')} s, MFU <= {f('train_mfu', '.0%')}",
+                f"  decode     <= {f('decode_tokens_per_s_per_chip', ',.0f')} tokens/s/chip at "
+                f"{e['decode_num_slots']} slots (attending to the whole cache)",
+                f"  prefill    <= {f('prefill_tokens_per_s_per_chip', ',.0f')} tokens/s/chip",
+                f"  reshard    >= {f('reshard_s', '.1f', 1e3)} ms (HBM traffic only)"]
+    if hbm is not None:
+        out.append(f"verdict: {'FITS' if p['fits'] else 'DOES NOT FIT'} {hbm / GIB:g} GiB/chip")
+    return "\n".join(out)
