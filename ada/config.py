@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import errno
 import importlib.util
 import json
 import logging
@@ -48,12 +49,17 @@ from ada.rl.losses import LossConfig
 from ada.rl.optimizer import OptimConfig
 from ada.rl.train import TrainConfig, split_problem
 from ada.sampling.samplers import SamplingConfig
+from ada.tracking import TrackingError
+from ada.tracking import check_installed as check_wandb
 
 log = logging.getLogger(__name__)
 
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "configs", "default.py")
+
+
+WANDB_MODES = ("", "online", "offline", "disabled")
 
 
 class ConfigError(ValueError):
@@ -317,7 +323,8 @@ def sweep_name(overrides: dict[str, Any]) -> str:
 
 
 def check_workdir(workdir: str) -> None:
-    """The output directory must exist or be creatable, and be writable."""
+    """The output directory must exist or be creatable, and be writable. A directory made to
+    find out is removed again: a run that stops before writing leaves nothing behind."""
     if not workdir:
         raise ConfigError("no output directory; pass --workdir DIR")
     path = os.path.abspath(workdir)
@@ -330,15 +337,22 @@ def check_workdir(workdir: str) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"output directory {workdir!r} exists and is not a directory; pick another --workdir")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"output directory {workdir!r} is not writable ({probe} denies writes); "
-                          "pick another --workdir or fix its permissions")
-    try:  # the run creates it anyway; try it now so the error comes before any compile
+        why = "EROFS, a read-only file system" if os.statvfs(probe).f_flag & os.ST_RDONLY else \
+            "EACCES"
+        raise ConfigError(f"output directory {workdir!r} is not writable ({probe} denies writes: "
+                          f"{why}); pick another --workdir or fix its permissions")
+    try:  # try it now so the error comes before any compile
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write_test"):
             pass
     except OSError as e:
-        raise ConfigError(f"output directory {workdir!r} is not writable ({e.strerror}); "
-                          "pick another --workdir") from None
+        raise ConfigError(f"output directory {workdir!r} is not writable ({e.strerror}, "
+                          f"{errno.errorcode.get(e.errno, e.errno)}); pick another --workdir "
+                          "or fix its permissions or space") from None
+    finally:
+        while path != probe and os.path.isdir(path) and not os.listdir(path):
+            os.rmdir(path)  # made here (probe was the deepest that existed)
+            path = os.path.dirname(path)
 
 
 def _dataclass_problems(section: str, cls, error: ValueError, keys) -> list[str]:
@@ -386,6 +400,13 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
 
     method = config.method
     need(method in METHODS, f"method={method!r} is not one of {', '.join(METHODS)}")
+    need(config.log.wandb_mode in WANDB_MODES, f"log.wandb_mode={config.log.wandb_mode!r} is "
+         f"not one of {WANDB_MODES}")
+    if config.log.wandb:  # before anything runs: a missing package is one line
+        try:
+            check_wandb()
+        except TrackingError as e:
+            need(False, str(e))
     if method in METHODS:  # the method sets the rounds (grpo: one round of n)
         build("adaptive", CollectConfig, lambda: collect_config(config))
     build("loss", LossConfig, lambda: LossConfig(**config.loss))
@@ -436,6 +457,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     for k in e.pass_k:
         need(1 <= k <= e.samples, f"eval.pass_k contains {k}; each k must be in [1, eval.samples={e.samples}]")
     need(config.checkpoint.keep >= 1, f"checkpoint.keep={config.checkpoint.keep} must be >= 1")
+    need(config.distributed.timeout_s > 0,
+         f"distributed.timeout_s={config.distributed.timeout_s} must be > 0 seconds")
     if problems:
         raise ConfigError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 

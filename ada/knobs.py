@@ -4,6 +4,10 @@ A knob is defined once, in `configs/common.py: base()`, with its default and a c
 its line (or the comment lines right above it) that says what it is; `describe` prints a
 config as plain `key = value  # description` lines from those (what --print_config shows).
 `RENAMED` maps the keys of older run configs to today's (ada/config.py: load_run_config).
+`resume_changes` sorts what a resumed run's config changes from the run's saved one: what
+may change (SAFE_ON_RESUME: length, evaluation, logging, checkpoint cadence) and what may not
+without --force_config (everything else: HELD_BY_CHECKPOINT, what the checkpoint holds or
+what gives its counters their meaning, and the rest of the training recipe).
 """
 
 from __future__ import annotations
@@ -25,6 +29,46 @@ RENAMED = {
     **{f"optim.{k}": f"train.{k}" for k in ("epochs", "mini_batches", "micro_batches")},
     "data.difficulty": "data.level_mix",
 }
+
+
+# Knobs (a key, or a section ending in '.') a resume may change: recorded, never refused.
+SAFE_ON_RESUME = ("train.steps", "eval.", "log.", "checkpoint.", "distributed.",
+                  "warmstart.cache_dir", "data.eval_path", "data.num_eval",
+                  "optim.max_skipped_in_row")
+# Knobs whose change makes the checkpoint mean something else (its params' shapes and
+# vocabulary, the optimizer state's tree, the data-iterator position): refused on resume.
+HELD_BY_CHECKPOINT = ("seed", "method", "model.", "tokenizer.", "optim.", "data.", "warmstart.",
+                      "mesh.")
+
+
+def _matches(key: str, patterns) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
+
+
+def resume_changes(saved: ml_collections.ConfigDict, new: ml_collections.ConfigDict):
+    """(refused, allowed): the knobs `new` changes from `saved`, as (key, saved value, new
+    value) in base()'s order; allowed are SAFE_ON_RESUME's, refused all others, the ones
+    HELD_BY_CHECKPOINT first."""
+    old, now = dict(leaves(saved)), dict(leaves(new))
+    diff = [(k, old.get(k), now.get(k)) for k in list(now) + [k for k in old if k not in now]
+            if _plain(old.get(k)) != _plain(now.get(k))]
+    allowed = [d for d in diff if _matches(d[0], SAFE_ON_RESUME)]
+    refused = [d for d in diff if d not in allowed]
+    refused.sort(key=lambda d: not _matches(d[0], HELD_BY_CHECKPOINT))
+    return refused, allowed
+
+
+def refusal(workdir: str, refused) -> str:
+    """One line: what differs, why it matters, and the two ways on."""
+    key, old, new = refused[0]
+    more = f" (and {len(refused) - 1} more: {', '.join(k for k, _, _ in refused[1:4])})" \
+        if len(refused) > 1 else ""
+    why = ("changes what its checkpoints hold" if _matches(key, HELD_BY_CHECKPOINT) else
+           "changes how it trains")
+    return (f"{workdir} was trained with {key}={_plain(old)}; this command has {key}="
+            f"{_plain(new)}{more}, which {why}. Start a new run with another --workdir, or pass "
+            "--force_config to resume with the new settings anyway (recorded in "
+            "config_history.jsonl)")
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -5,6 +5,19 @@ position is checkpointed, so a run killed at any point and restarted from its la
 checkpoint ends with the same parameters and metrics as an uninterrupted one. The KL
 reference (loss.kl_coef > 0) is the initial policy, rebuilt by the setup on resume.
 
+A run folder is never broken by a later command: before anything is written, a resume's
+config is compared with the run's `config.json` (`check_resume`); a change to what the
+checkpoint holds or to the training recipe is refused (ConfigError) unless forced, and the
+changes a resume may make (steps, evaluation, logging, checkpoint cadence) are recorded in
+`config_history.jsonl`, with config.json left as it was. config.json is written only once a
+checkpoint is restored (or on a fresh start), so nothing a failed start does reaches it.
+
+Faults (docs/reliability.md): a Preemption (SIGTERM / SIGINT, ada/distributed.py) ends the
+loop after the current step with a checkpoint every process joins; a full disk stops it with
+StorageError (ada/checkpoint.py); `optim.max_skipped_in_row` steps in a row with a non-finite
+update, or parameters that are no longer finite, stop it with RunError and no checkpoint of
+the bad state.
+
 Multi-host: each process collects its own shard of the prompts (ada/rollout.py); metrics
 are summed over processes (ada/step.py) and written by process 0; the update is one SPMD
 train step over the global mesh with the fixed [P, n] batch shape.
@@ -12,27 +25,38 @@ train step over the global mesh with the fixed [P, n] batch shape.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
+import signal
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ada import distributed, setup
+from ada import distributed, knobs, setup
 from ada import sharding as shd
-from ada.checkpoint import Checkpointer
+from ada.checkpoint import Checkpointer, StorageError, complete_steps, storage_errno
+from ada.config import ConfigError, load_run_config
 from ada.data.iterator import PromptIterator
 from ada.evaluation import evaluate_policy
 from ada.export import export_hf
 from ada.metrics import MetricsWriter, Progress, plot_run, read_jsonl
 from ada.rl.batch import BatchLayout
+from ada.rl.optimizer import all_finite
 from ada.rl.train import TrainState
 from ada.step import rl_step
+from ada.tracking import TrackingError, WandbLogger
 
 log = logging.getLogger("ada.loop")
+HISTORY_FILE = "config_history.jsonl"
+_all_finite = jax.jit(all_finite)
+
+
+class RunError(RuntimeError):
+    """A run that cannot go on (non-finite updates or parameters); one line for the user."""
 
 
 def state_tree(state: TrainState, rng_data) -> dict:
@@ -50,21 +74,90 @@ def evaluate_held_out(s: setup.Setup, params) -> dict:
                            seed=s.config.seed)
 
 
-def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
-    """Run (or resume) training; returns the final summary dict."""
+def check_resume(config, workdir: str, force: bool = False) -> dict | None:
+    """Compare `config` with the run's saved config.json, reading only. None: nothing saved
+    (a new run). Else what changed: {"changes": {key: [saved, new]}, "forced": bool,
+    "restart": no complete checkpoint (anything may change)}. Raises ConfigError (one line)
+    for a change knobs.resume_changes refuses, unless `force`."""
+    if not os.path.exists(os.path.join(workdir, "config.json")):
+        return None
+    try:
+        saved = load_run_config(workdir)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{workdir}/config.json cannot be read ({e}); pass another "
+                          "--workdir") from None
+    refused, allowed = knobs.resume_changes(saved, config)
+    restart = not complete_steps(os.path.join(workdir, "checkpoints"))
+    if refused and not (force or restart):
+        raise ConfigError(knobs.refusal(workdir, refused))
+    return {"changes": {k: [a, b] for k, a, b in refused + allowed},
+            "forced": bool(refused) and not restart, "restart": restart}
+
+
+def _write_json(path: str, obj, what: str, *, append: bool = False) -> None:
+    """Write (atomically) or append one JSON document; a full disk is a StorageError."""
+    try:
+        if append:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
+            return
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        code = storage_errno(e)
+        if code is None:
+            raise
+        raise StorageError(what, path, code) from None
+
+
+def record_config(config, workdir: str, resume: dict | None, step: int) -> None:
+    """config.json for a new run, a restart or a forced change; a history line for every
+    change (process 0 only)."""
+    if not distributed.is_main():
+        return
+    if resume is None or resume["restart"] or resume["forced"]:
+        _write_json(os.path.join(workdir, "config.json"), config.to_dict(), "the run's config")
+    if resume and resume["changes"]:
+        _write_json(os.path.join(workdir, HISTORY_FILE), {
+            "time": datetime.datetime.now().isoformat(timespec="seconds"), "step": step,
+            "changes": resume["changes"], "forced": resume["forced"],
+            "restart": resume["restart"]}, "the config history", append=True)
+
+
+def train(config, workdir: str, *, stop_after: int | None = None, force_config: bool = False,
+          preemption: distributed.Preemption | None = None) -> dict:
+    """Run (or resume) training; returns the final summary dict. `preemption` (the command
+    line's): stop after the step a signal arrives in, with a checkpoint (summary["stopped"]).
+    Raises ConfigError before writing anything when a resume's config is refused."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("absl", "jax", "orbax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    c = config
     workdir = os.path.abspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
+    resume = check_resume(config, workdir, force_config)
+    try:
+        return _train(config, workdir, resume, stop_after, preemption)
+    except StorageError as e:
+        last = complete_steps(os.path.join(workdir, "checkpoints"))
+        e.resume = f"step {last[-1]}" if last else "the start"
+        raise
+
+
+def start_tracker(c, workdir: str):
+    """The W&B run of this run directory (log.wandb), before anything expensive starts."""
+    try:
+        return WandbLogger(workdir, c.to_dict(), project=c.log.wandb_project,
+                           entity=c.log.wandb_entity, mode=c.log.wandb_mode)
+    except TrackingError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
     main = distributed.is_main()
+    tracker = start_tracker(c, workdir) if main and c.log.wandb else None
     t0 = time.perf_counter()
     s = setup.build(c)
     setup_s = time.perf_counter() - t0
-    if main:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            json.dump(c.to_dict(), f, indent=2, sort_keys=True, default=str)
 
     iterator = PromptIterator(s.train_records, c.data.prompts_per_step, seed=c.seed,
                               process_index=jax.process_index(),
@@ -75,22 +168,46 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
     state = s.fns.init_state(s.params)
     # a copy: the train step donates the state's buffers under a mesh
     ref_params = jax.tree.map(jnp.copy, state.params) if c.loss.kl_coef > 0 else None
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=c.checkpoint.keep)
+    try:
+        ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=c.checkpoint.keep)
+    except OSError as e:
+        if storage_errno(e) is None:
+            raise
+        raise StorageError("checkpoints to", workdir, storage_errno(e)) from None
+    ckpt.clean_partial()
     base_key = jax.random.key(c.seed)
     start, counters = 0, {"samples_total": 0, "prompts_total": 0}
+    guard = {"skipped_steps": 0, "skipped_in_row": 0}
     resumed = ckpt.latest_step() is not None
     if resumed:
-        tree, meta, start = ckpt.restore(state_tree(state, jax.random.key_data(base_key)))
+        try:
+            tree, meta, start = ckpt.restore(state_tree(state, jax.random.key_data(base_key)))
+        except Exception as e:  # noqa: BLE001 - e.g. a forced model change: shapes differ
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise ConfigError(f"checkpoint {ckpt.latest_step()} in {ckpt.directory} does not fit "
+                              f"this config ({first}); resume with the run's own settings, or "
+                              "start a new run with another --workdir") from None
         state = state.replace(**{k: tree[k] for k in ("params", "opt_state", "step", "updates",
                                                       "skipped")})
         base_key = jax.random.wrap_key_data(np.asarray(tree["rng"]))
         iterator.set_state(meta["data"])
         counters = meta.get("sampler", counters)
+        guard = meta.get("guard", guard)
         log.info("resumed from step %d (%s)", start, ckpt.directory)
+    record_config(c, workdir, resume, start)
 
     writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard,
-                           resume_step=start if resumed else None, enabled=main)
+                           resume_step=start if resumed else None, enabled=main, tracker=tracker)
     bar = Progress(c.train.steps, initial=start, enabled=main and c.log.progress)
+    saved = start if resumed else None
+
+    def hint(at):
+        text = f"to resume from step {at} (the latest checkpoint)" if at else "to start again"
+        if preemption is not None:
+            preemption.training(text)
+        distributed.set_resume_hint(f"rerun the same command on every host {text}")
+
+    hint(saved)
     if not resumed:
         first = evaluate_held_out(s, state.params) if c.eval.every else {}
         writer.write(0, {"warmstart_loss": s.warm_info.get("loss"),
@@ -98,8 +215,16 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
                          "dropped_prompts": s.dropped_prompts, "setup_s": setup_s, **first})
         bar.update(first, n=0)  # the starting accuracy, shown until the next eval
 
+    def save(at):
+        ckpt.save(at, state_tree(state, jax.random.key_data(base_key)),
+                  {"data": iterator.get_state(), "sampler": counters, "method": c.method,
+                   "guard": guard})
+        hint(at)
+        return at
+
     step, t_run = start, time.perf_counter()
-    while step < c.train.steps:
+    stopped = preemption.requested() if preemption else None  # e.g. during the first eval
+    while step < c.train.steps and not stopped:
         step += 1
         state, m, _ = rl_step(state, next(iterator), jax.random.fold_in(base_key, step),
                               rollout=s.rollout, fns=s.fns, method=c.method, layout=layout,
@@ -109,20 +234,33 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
         counters = {"samples_total": int(counters["samples_total"] + m["samples"]),
                     "prompts_total": int(counters["prompts_total"] + c.data.prompts_per_step)}
         m["samples_total"] = counters["samples_total"]
-        if c.eval.every and (step % c.eval.every == 0 or step == c.train.steps):
+        skipped = bool(m.get("skipped", 0) > 0)
+        guard = {"skipped_steps": guard["skipped_steps"] + skipped,
+                 "skipped_in_row": guard["skipped_in_row"] + 1 if skipped else 0}
+        m["skipped_steps"] = guard["skipped_steps"]
+        finite = bool(jax.device_get(_all_finite(state.params)))
+        if c.eval.every and finite and (step % c.eval.every == 0 or step == c.train.steps):
             m.update(evaluate_held_out(s, state.params))
         writer.write(step, m)
         bar.update(m)
+        _check_finite(c, step, finite, guard, saved)
         if step % c.checkpoint.every == 0 or step == c.train.steps:
-            ckpt.save(step, state_tree(state, jax.random.key_data(base_key)),
-                      {"data": iterator.get_state(), "sampler": counters, "method": c.method})
+            saved = save(step)
         if stop_after is not None and step >= stop_after:
             break
+        stopped = preemption.requested() if preemption else None  # every process: same answer
+        if stopped and saved != step:
+            saved = save(step)
     bar.close()
     writer.close()
 
     summary = {"steps": step, "seconds": time.perf_counter() - t_run,
                "samples_total": counters["samples_total"], "method": c.method}
+    if stopped:
+        summary.update(stopped=signal.Signals(stopped).name,
+                       checkpoint=os.path.join(ckpt.directory, str(saved)) if saved else None)
+        distributed.sync("train_stopped")
+        return summary
     if c.checkpoint.export_hf and step >= c.train.steps:
         params = shd.gather_to_host(state.params)  # every process joins
         if main:
@@ -136,7 +274,23 @@ def train(config, workdir: str, *, stop_after: int | None = None) -> dict:
             summary["eval_accuracy_final"] = evals[-1]["eval_accuracy"]
         if c.log.plots:
             summary["plot"] = plot_run(workdir)
-        with open(os.path.join(workdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2, sort_keys=True, default=str)
+        _write_json(os.path.join(workdir, "summary.json"), summary, "the run's summary")
     distributed.sync("train_end")
     return summary
+
+
+def _check_finite(c, step: int, finite: bool, guard: dict, saved) -> None:
+    """RunError when the parameters are no longer finite, or after optim.max_skipped_in_row
+    steps in a row whose update was skipped (a non-finite loss or gradient)."""
+    last = f"step {saved}" if saved else "none"
+    if not finite:
+        raise RunError(f"step {step} left non-finite parameters (inf or NaN: an update "
+                       f"overflowed; is optim.lr={c.optim.lr:g} too high?); nothing of it was "
+                       f"checkpointed (latest checkpoint: {last}). Lower --config.optim.lr and "
+                       "resume with --force_config, or start again with another --workdir")
+    n = c.optim.max_skipped_in_row
+    if guard["skipped_in_row"] >= n:
+        raise RunError(f"steps {step - n + 1}-{step}: {n} RL steps in a row had a non-finite "
+                       f"loss or gradient and were skipped (optim.max_skipped_in_row={n}); the "
+                       f"run stops (latest checkpoint: {last}). Lower --config.optim.lr or check "
+                       "the data and the reward, then resume with --force_config")

@@ -3,7 +3,9 @@
 Only process 0 writes; other processes get writers that do nothing, so the loop calls
 them unconditionally. `metrics.jsonl` holds one JSON object per step. On resume the file
 is cut back to the restored step, so a killed-and-resumed run ends with exactly the lines
-of an uninterrupted one (timings aside).
+of an uninterrupted one (timings aside). A write that fails for want of space or permission
+raises ada.checkpoint.StorageError (one line: the path, the errno, the fix); a line torn by
+it is dropped on the next start.
 """
 
 from __future__ import annotations
@@ -85,23 +87,37 @@ def truncate_jsonl(path: str, last_step: int) -> int:
     return len(rows)
 
 
+def _storage(e: OSError, path: str):
+    """A space / permission OSError as ada.checkpoint.StorageError; other errors as they are."""
+    from ada.checkpoint import StorageError, storage_errno
+
+    code = storage_errno(e)
+    return e if code is None else StorageError("metrics", path, code)
+
+
 class MetricsWriter:
     """JSONL (always) + TensorBoard (optional) writer; a no-op off process 0."""
 
     def __init__(self, workdir: str, tensorboard: bool = True, resume_step: int | None = None,
-                 enabled: bool | None = None):
+                 enabled: bool | None = None, tracker=None):
+        """`tracker`: an ada.tracking.WandbLogger that gets every step too, and the plots
+        (plot_run) on eval steps."""
         self.enabled = _is_main() if enabled is None else enabled
+        self.workdir, self._tracker = workdir, tracker
         self.path = os.path.join(workdir, METRICS_FILE)
         self._tb = None
         self._f = None
         if not self.enabled:
             return
-        os.makedirs(workdir, exist_ok=True)
-        if resume_step is not None:
-            truncate_jsonl(self.path, resume_step)
-        elif os.path.exists(self.path):
-            truncate_jsonl(self.path, -1)  # a fresh run starts a fresh file
-        self._f = open(self.path, "a", encoding="utf-8")
+        try:
+            os.makedirs(workdir, exist_ok=True)
+            if resume_step is not None:
+                truncate_jsonl(self.path, resume_step)
+            elif os.path.exists(self.path):
+                truncate_jsonl(self.path, -1)  # a fresh run starts a fresh file
+            self._f = open(self.path, "a", encoding="utf-8")
+        except OSError as e:
+            raise _storage(e, self.path) from None
         if tensorboard:
             from tensorboardX import SummaryWriter
 
@@ -112,9 +128,12 @@ class MetricsWriter:
         if not self.enabled:
             return
         record = _clean({"step": int(step), **metrics})
-        self._f.write(json.dumps(record, sort_keys=True) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        try:
+            self._f.write(json.dumps(record, sort_keys=True) + "\n")
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as e:
+            raise _storage(e, self.path) from None
         if self._tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -124,14 +143,23 @@ class MetricsWriter:
                         if isinstance(x, (int, float)) and not isinstance(x, bool):
                             self._tb.add_scalar(f"{k.replace('@', '_at_')}/{i}", x, int(step))
             self._tb.flush()
+        if self._tracker is not None:
+            plot = plot_run(self.workdir) if record.get("eval_accuracy") is not None else None
+            self._tracker.log(int(step), record, images=[plot] if plot else [])
 
     def close(self) -> None:
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            try:
+                f.close()
+            except OSError as e:
+                raise _storage(e, self.path) from None
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._tracker is not None:
+            self._tracker.close()
+            self._tracker = None
 
     def __enter__(self):
         return self

@@ -42,6 +42,7 @@ from ada.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
 log = logging.getLogger(__name__)
 
 DROPPED_WARN_SHARE = 0.1  # warn when more prompts than this are too long for the run
+UNKNOWN_WARN_SHARE = 0.01  # warn when more of a data set's tokens than this are unknown
 
 
 # ----------------------------------------------------------------------------- task
@@ -108,8 +109,11 @@ def load_task(config) -> Task:
                     e.arg, f"set --config.data.{e.arg} to the feature that holds it")
                 raise ConfigError(f"{e.problem}; {fix}") from None
             except DataError as e:
-                raise ConfigError(f"{e.problem}; fix the data or pass --config.data.on_bad_row="
-                                  "skip to skip such rows" if e.skippable else str(e)) from None
+                fix = ("fix the data" if not e.key else
+                       f"set --config.data.{e.key} to the column that holds it")
+                skip = ", or pass --config.data.on_bad_row=skip to skip such rows"
+                raise ConfigError(f"{e.problem}; {fix}{skip if e.skippable else ''}"
+                                  if e.skippable or e.key else str(e)) from None
 
         if d.source == "tfds":
             train = read(d.tfds_split, "tfds_split")
@@ -154,6 +158,21 @@ def encode_records(records, tokenizer: Tokenizer, template: str, max_len: int,
             continue
         out.append(dict(r, prompt_tokens=ids))
     return out, too_long
+
+
+def unknown_tokens_message(what: str, records: list[dict], tokenizer: Tokenizer) -> str | None:
+    """A warning when more than UNKNOWN_WARN_SHARE of the encoded `records`' prompt tokens are
+    the tokenizer's unknown token (text it cannot represent, which the model cannot read:
+    e.g. GSM8K under a small SentencePiece trained on arithmetic); None otherwise."""
+    unk = getattr(tokenizer, "unk_id", None)
+    total = sum(len(r["prompt_tokens"]) for r in records)
+    n = 0 if unk is None else sum(t == unk for r in records for t in r["prompt_tokens"])
+    if not total or n <= UNKNOWN_WARN_SHARE * total:
+        return None
+    return (f"{n / total:.0%} of the {what}' tokens ({n} of {total}) are unknown to the tokenizer "
+            f"({tokenizer.id_to_piece(unk)}): it cannot represent this text, so the model cannot "
+            "read it and its scores mean little; use a tokenizer that covers the data "
+            "(--config.tokenizer.path, or a model's with --config.model.path)")
 
 
 def too_long_message(what: str, total: int, too_long: list[int], max_len: int, knob: str) -> str:
@@ -439,6 +458,9 @@ def build(config) -> Setup:
     if eval_too_long:
         log.warning(too_long_message("held-out prompts", len(task.eval), eval_too_long, max_len,
                                      "--config.data.max_prompt_len"))
+    for what, records in (("training prompts", train_records), ("held-out prompts", eval_records)):
+        if message := unknown_tokens_message(what, records, tokenizer):
+            log.warning(message)
     model_cfg = model_config_for(c, tokenizer)
     check_context_window(c, model_cfg)
     params, warm_info = initial_params(c, model_cfg, tokenizer, task, train_records)

@@ -110,6 +110,7 @@ def base() -> ml_collections.ConfigDict:
     c.optim.warmup_steps = 10  # RL steps of linear warm-up
     c.optim.weight_decay = 0.0  # AdamW's decoupled weight decay
     c.optim.grad_clip = 1.0  # global gradient-norm clip; 0 = off
+    c.optim.max_skipped_in_row = 10  # stop after this many RL steps in a row with a non-finite update
 
     # The update (ada.rl.train.TrainConfig's epochs, mini_batches, micro_batches) and the loop.
     c.train = ml_collections.ConfigDict()
@@ -154,10 +155,19 @@ def base() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1  # params and Adam state sharded this many ways
     c.mesh.tensor = 1  # tensor-parallel size (heads / MLP / vocabulary)
 
+    c.distributed = ml_collections.ConfigDict()
+    # A process that sends no heartbeat for this long is lost: the others stop within about
+    # this time with one line naming it (ada/distributed.py); multi-process runs only.
+    c.distributed.timeout_s = 300.0  # seconds without a heartbeat before a process counts as lost
+
     c.log = ml_collections.ConfigDict()
     c.log.tensorboard = True  # also write TensorBoard event files
     c.log.progress = True  # a progress bar on stderr
     c.log.plots = True  # write PNG plots of metrics.jsonl at the end
+    c.log.wandb = False  # also log to Weights & Biases (pip install -e '.[wandb]'; process 0)
+    c.log.wandb_project = "ada"  # the W&B project
+    c.log.wandb_entity = ""  # the W&B entity (team or user); '' -> your default
+    c.log.wandb_mode = ""  # '' -> W&B's own (WANDB_MODE) | online | offline | disabled
     # Log how each update moved its own responses (advantage and log-prob change of the
     # positive- and negative-advantage ones): two more forward passes per step.
     c.log.update_diagnostics = False  # log the log-prob change of +/- advantage responses

@@ -76,11 +76,16 @@ def _wait_for_banner(proc, out_path, err_path):
 
 def _decode(stub, request):
     ids, text = [], []
-    for response in stub.Decode(request, timeout=120):
+    call = stub.Decode(request, timeout=120)
+    for response in call:
         for sample in response.stream_content.samples:
             ids.extend(sample.token_ids)
             text.append(sample.text)
+    _decode.metadata.append(dict(call.initial_metadata()))
     return ids, "".join(text)
+
+
+_decode.metadata = []
 
 
 @needs_jetstream
@@ -93,7 +98,8 @@ def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
 
     port = free_port()
     argv = ["--workdir", str(run_dir), "--step", "3", "--port", str(port), "--host", "127.0.0.1",
-            "--mesh=2,2"]  # slots over 2 of the 8 test devices, heads over 2
+            "--mesh=2,2",  # slots over 2 of the 8 test devices, heads over 2
+            "--truncate=left"]  # the 100-token prompt keeps its end (default: refused)
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     with open(out, "w") as fo, open(err, "w") as fe:
         proc = subprocess.Popen([sys.executable, "-m", "ada.serve", *argv], stdout=fo, stderr=fe,
@@ -135,6 +141,9 @@ def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
                 # The served text keeps the first token's leading space, which a
                 # SentencePiece decode of the response alone drops.
                 assert text.lstrip() == exp.text.lstrip() and text.strip()
+        # the client is told which prompt was truncated (and only that one)
+        told = [m.get("ada-prompt-truncated") for m in _decode.metadata]
+        assert sorted(told, key=str) == [f"100->{limit}"] + [None] * (len(sent) - 1), told
 
         # The printed client example (the README's, on another port) returns that text.
         r = subprocess.run(serve.client_example("127.0.0.1", port), shell=True, env=ENV,

@@ -93,6 +93,8 @@ def evaluate_run(args) -> dict:
         if not encoded:
             raise ConfigError(msg.replace("are skipped", "nothing is left to evaluate"))
         print(f"warning: {msg}", file=sys.stderr)
+    if message := setup.unknown_tokens_message("prompts", encoded, run.tokenizer):
+        print(f"warning: {message}", file=sys.stderr)
     if args.limit:
         encoded = encoded[: args.limit]
     e = config.eval
@@ -107,6 +109,9 @@ def evaluate_run(args) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = eval_parser().parse_args(argv)
+    from ada import distributed
+
+    distributed.cpu_only_without_accelerators()  # no libtpu start-up noise on a CPU
     try:
         summary = evaluate_run(args)
     except (ConfigError, FileNotFoundError) as e:

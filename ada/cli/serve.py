@@ -11,7 +11,9 @@ answered with token ids. Decoding is greedy unless --temperature is set, on the 
 samples with (`setup.make_engine`: this host's devices as the run's sampling.mesh, or
 --mesh, lays them out) through `ada.sampling.serving`.
 Bad input (no run or model, no checkpoint at --step, a port in use, the extra missing) ends
-the command with one line `error: ...` and exit code 2 before any weight is read.
+the command with one line `error: ...` and exit code 2 before any weight is read. A request
+whose prompt is longer than the engine takes is refused with INVALID_ARGUMENT naming the
+limit, or under --truncate=left keeps its last tokens and says so in its initial metadata.
 """
 
 from __future__ import annotations
@@ -59,8 +61,12 @@ def parser() -> argparse.ArgumentParser:
                    help="cap on any request's new tokens (default: the run's "
                         "sampling.max_new_tokens)")
     p.add_argument("--max_prompt_len", type=int, default=None,
-                   help="longest prompt in tokens (default: the run's data.max_prompt_len); longer "
-                        "prompts keep their last tokens")
+                   help="longest prompt in tokens (default: the run's data.max_prompt_len, "
+                        "rounded up to the engine's prompt bucket); a longer one is refused "
+                        "with INVALID_ARGUMENT naming the limit (see --truncate)")
+    p.add_argument("--truncate", choices=["left"], default=None,
+                   help="left: keep a too-long prompt's last tokens instead of refusing it; "
+                        "the response's initial metadata then says ada-prompt-truncated: N->LIMIT")
     p.add_argument("--num_slots", type=int, default=16, help="requests decoded at once")
     p.add_argument("--mesh", default="",
                    help="DATA,TENSOR: the engine's mesh over this host's devices, e.g. "
@@ -183,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if importlib.util.find_spec("jetstream") is None:
             raise ConfigError("ada-serve needs JetStream (google-jetstream), which is not "
                               "installed; install the extra: pip install 'ada[jetstream]'")
+        from ada import distributed
+
+        distributed.cpu_only_without_accelerators()  # no libtpu start-up noise on a CPU
         resolved = resolve(args)
         check_port(args.host, args.port)
         served = load_served(args, *resolved)
@@ -191,10 +200,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ada.sampling.serving import serve
 
     server = serve(served.engine, served.params, served.tokenizer, args.host, args.port,
-                   args.seed)
+                   args.seed, truncate=args.truncate)
+    limit = served.engine.max_prompt_len
+    longer = (f"longer ones keep their last {limit} (--truncate=left; metadata "
+              "ada-prompt-truncated)" if args.truncate else "longer ones are refused")
     print(f"ada-serve: {served.label} on {args.host}:{args.port} (JetStream gRPC, "
           f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}'}, at most "
-          f"{served.engine.max_new_tokens} new tokens); Ctrl-C stops it", flush=True)
+          f"{served.engine.max_new_tokens} new tokens, prompts up to {limit} tokens: {longer}); "
+          "Ctrl-C stops it", flush=True)
     print(f"client: {client_example(args.host, args.port)}", flush=True)
     stop = threading.Event()  # a handler that only sets it cannot interrupt JetStream midway
     for sig in (signal.SIGINT, signal.SIGTERM):

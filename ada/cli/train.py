@@ -1,7 +1,13 @@
 """`python -m ada.runner` (`ada-train`): train from a config, or run a sweep (`--sweep`).
 
-Every user error (a bad config, path, data file or flag) ends the command with one line,
-`error: ...` naming the thing and the fix, and exit code 2, before anything compiles.
+Every user error (a bad config, path, data file or flag, or a resume whose config changes
+what the run's checkpoints hold) ends the command with one line, `error: ...` naming the
+thing and the fix, and exit code 2, before anything compiles; a start that fails leaves no
+empty output directory behind. A run that cannot go on (a full disk, non-finite updates)
+ends with one line and exit code 1. SIGTERM and SIGINT (Ctrl-C) stop after the current step
+with a checkpoint and one line saying how to resume (exit 0 and 130; a second signal: at
+once); a lost process of a multi-process run ends the others within distributed.timeout_s
+(ada/distributed.py, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -10,8 +16,11 @@ import argparse
 import json
 import os
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import warnings
 from collections.abc import Sequence
 
 from ada import config as cfglib
@@ -28,7 +37,8 @@ TRAIN_EPILOG = """examples:
 Any config value can be overridden with --config.a.b=value. Methods (the :arg of a
 config file, or --config.method): grpo, dapo, ada_pos, ada_balance, exhaustive (see
 ada/methods.py). A rerun with the same --workdir resumes from its latest complete
-checkpoint."""
+checkpoint; it may change train.steps, eval.*, log.* and checkpoint.* (recorded in
+config_history.jsonl), anything else only with --force_config."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--diff", action="store_true",
                        help="with --print_config: only the knobs that differ from "
                             "configs/common.py base()")
+        p.add_argument("--force_config", action="store_true",
+                       help="resume a run with settings that change its recipe or what its "
+                            "checkpoints hold (recorded in config_history.jsonl)")
         args = p.parse_args(rest)
         if args.sweep:
             return sweep(args.sweep, args.workdir, overrides, print_only=args.print)
@@ -59,20 +72,66 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if not args.workdir:
             raise ConfigError("no output directory; pass --workdir DIR (e.g. --workdir runs/default)")
+        existed = os.path.exists(args.workdir)
         cfglib.validate(config, args.workdir)
     except ConfigError as e:
         return fail(e)
-    from ada import distributed
-    from ada.loop import train
-
-    distributed.initialize()
+    command = shlex.join(["python", "-m", "ada.runner", *argv])
     try:
-        summary = train(config, args.workdir)
+        return run(config, args, command)
+    finally:
+        if not existed:
+            remove_if_empty(args.workdir)
+
+
+def run(config, args, command: str) -> int:
+    """Train in this process, with the signal handling, the lost-process watch and the
+    one-line stops of the module docstring."""
+    from ada import distributed
+    from ada.checkpoint import StorageError
+    from ada.loop import RunError, train
+
+    preemption = distributed.Preemption(command).install()  # a signal now: exit at once
+    distributed.cpu_only_without_accelerators()
+    # an absurd optim.lr overflows float32 when compiled; the loop reports what follows in one line
+    warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
+    try:
+        distributed.initialize(timeout_s=config.distributed.timeout_s)
+        import jax
+
+        jax.devices()  # the backends start (libtpu installs its signal handler) ...
+        preemption.install()  # ... and ours win
+        summary = train(config, args.workdir, force_config=args.force_config,
+                        preemption=preemption)
     except ConfigError as e:
         return fail(e)
+    except StorageError as e:
+        print(f"error: {e}, then rerun {command} to resume from {e.resume}", file=sys.stderr)
+        return 1
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        distributed.await_verdict(e)  # a lost process ends this one with its own line
+        raise
+    finally:
+        preemption.uninstall()
+    if summary.get("stopped"):
+        if distributed.is_main():
+            where = (f"checkpoint {summary['checkpoint']}" if summary["checkpoint"] else
+                     "no checkpoint yet")
+            print(f"{summary['stopped']}: stopped after step {summary['steps']} ({where}); "
+                  f"resume with: {command}", file=sys.stderr)
+        return preemption.EXIT[signal.Signals[summary["stopped"]]]  # the agreed signal's
     if distributed.is_main():
         print(json.dumps(summary, default=str))
     return 0
+
+
+def remove_if_empty(workdir: str) -> None:
+    """Remove a directory tree this command made that holds no file."""
+    if os.path.isdir(workdir) and not any(files for _, _, files in os.walk(workdir)):
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def sweep(spec: str, workdir: str | None, overrides, *, print_only: bool) -> int:
@@ -93,7 +152,14 @@ def sweep(spec: str, workdir: str | None, overrides, *, print_only: bool) -> int
             print(shlex.join(cmd))
             continue
         print("+", shlex.join(cmd), flush=True)
-        rc = subprocess.call(cmd)
+        # Ctrl-C reaches the run, which stops after its step with its own line; the sweep
+        # then stops with it, without a traceback of its own
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            rc = subprocess.call(cmd, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                       signal.SIG_DFL))
+        finally:
+            signal.signal(signal.SIGINT, previous)
         if rc:
             return rc
     return 0

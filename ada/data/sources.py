@@ -42,13 +42,16 @@ class DataError(ValueError):
 
     `problem` is the fault alone (file, row, what is wrong), without the message's advice
     on library arguments, so a command line can append the fix in its own terms;
-    `skippable` says whether on_bad_row="skip" would have skipped it instead.
+    `skippable` says whether on_bad_row="skip" would have skipped it instead; `key` names the
+    RecordFormat field ("problem_key" / "answer_key") of a missing column, else None.
     """
 
-    def __init__(self, message: str, problem: str | None = None, skippable: bool = False):
+    def __init__(self, message: str, problem: str | None = None, skippable: bool = False,
+                 key: str | None = None):
         super().__init__(message)
         self.problem = message if problem is None else problem
         self.skippable = skippable
+        self.key = key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +82,14 @@ class RecordFormat:
 
 
 class _BadRow(Exception):
-    """Internal: one row is unusable; `reason` is a short category used for counting."""
+    """Internal: one row is unusable; `reason` is a short category used for counting; `key`
+    the RecordFormat field of a missing column."""
 
-    def __init__(self, reason: str, detail: str):
+    def __init__(self, reason: str, detail: str, key: str | None = None):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+        self.key = key
 
 
 def _check_policy(on_bad_row: str) -> None:
@@ -112,14 +117,10 @@ def _as_text(value: Any, column: str) -> str:
 
 def row_to_record(row: Mapping[str, Any], fmt: RecordFormat, default_id: str, source: str) -> Record:
     """One raw row (dict of columns) -> record; raises _BadRow with a reason on bad input."""
-    for key in (fmt.problem_key, fmt.answer_key):
+    for key, field in ((fmt.problem_key, "problem_key"), (fmt.answer_key, "answer_key")):
         if key not in row:
-            raise _BadRow(
-                "missing-column",
-                f"missing column {key!r} (columns present: {sorted(row)}); "
-                f"set RecordFormat({'problem' if key == fmt.problem_key else 'answer'}_key=...) "
-                "to the column that holds it",
-            )
+            raise _BadRow("missing-column",
+                          f"missing column {key!r} (columns present: {sorted(row)})", field)
     problem = _as_text(row[fmt.problem_key], fmt.problem_key).strip()
     if not problem:
         raise _BadRow("empty-problem", f"column {fmt.problem_key!r} is empty")
@@ -165,12 +166,16 @@ class _RowCollector:
         self.skipped: collections.Counter[str] = collections.Counter()
         self._first_skips: list[str] = []
         self._id_where: dict[str, int] = {}
+        self._keys: set[str] = set()  # RecordFormat fields of the missing columns
 
     def bad(self, where: int, err: _BadRow) -> None:
         msg = f"{self.path}: {self.unit} {where}: {err.detail}"
+        fix = f"set RecordFormat({err.key}=...) to the column that holds it, " if err.key else ""
         if self.on_bad_row == "raise":
-            raise DataError(msg + " (or pass on_bad_row='skip' to skip such rows)", problem=msg,
-                            skippable=True)
+            raise DataError(f"{msg} ({fix}or pass on_bad_row='skip' to skip such rows)",
+                            problem=msg, skippable=True, key=err.key)
+        if err.key:
+            self._keys.add(err.key)
         self.skipped[err.reason] += 1
         if len(self._first_skips) < 5:
             self._first_skips.append(msg)
@@ -190,10 +195,10 @@ class _RowCollector:
             log.warning("%s: skipped %d bad rows %s; first: %s", self.path, n_skip,
                         dict(self.skipped), self._first_skips)
         if not self.records:
-            raise DataError(
-                f"{self.path}: no usable rows ({n_skip} skipped: {dict(self.skipped)}); "
-                "check the column names (RecordFormat) and the file contents"
-            )
+            problem = f"{self.path}: no usable rows ({n_skip} skipped: {dict(self.skipped)})"
+            raise DataError(f"{problem}; check the column names (RecordFormat) and the file "
+                            "contents", problem=problem,
+                            key=min(self._keys) if len(self._keys) == 1 else None)
         return self.records, dict(self.skipped)
 
 
@@ -242,12 +247,11 @@ def _read_parquet(path: Path, fmt: RecordFormat, on_bad_row: str):
     except Exception as e:  # pyarrow raises several types for corrupt/non-parquet files
         raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from e
     columns = pf.schema_arrow.names
-    for key, what in ((fmt.problem_key, "problem"), (fmt.answer_key, "answer")):
+    for key, field in ((fmt.problem_key, "problem_key"), (fmt.answer_key, "answer_key")):
         if key not in columns:
-            raise DataError(
-                f"{path}: missing column {key!r} (columns: {columns}); "
-                f"set RecordFormat({what}_key=...) to the column that holds it"
-            )
+            problem = f"{path}: missing column {key!r} (columns: {columns})"
+            raise DataError(f"{problem}; set RecordFormat({field}=...) to the column that "
+                            "holds it", problem=problem, key=field)
     if pf.metadata.num_rows == 0:
         raise DataError(f"{path}: file is empty (0 rows)")
     col = _RowCollector(str(path), on_bad_row, "row")

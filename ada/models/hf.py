@@ -330,6 +330,18 @@ def _hf_tensor(params: Params, spec: TensorSpec, np_dtype) -> np.ndarray:
     return np.ascontiguousarray(x.astype(np_dtype, copy=False))
 
 
+def _usual_mode(path: str) -> None:
+    """Give a file the mode a plain open() would (0666 less the umask, 0644 usually), so
+    other users of a shared disk can read the weights."""
+    try:  # Linux says it without changing it (os.umask would, for every thread, a moment)
+        with open("/proc/self/status") as f:
+            umask = next(int(ln.split()[1], 8) for ln in f if ln.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def save_hf(
     params: Params,
     config: ModelConfig,
@@ -368,6 +380,7 @@ def save_hf(
             f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
         tensors = {s.hf_name: _hf_tensor(params, s, np_dtype) for s in shard}
         save_file(tensors, os.path.join(path, name), metadata={"format": "pt"})
+        _usual_mode(os.path.join(path, name))  # safetensors writes 0600
         del tensors
         weight_map.update({s.hf_name: name for s in shard})
         written.append(name)

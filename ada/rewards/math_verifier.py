@@ -277,6 +277,7 @@ class VerifierStats:
     errors: int
     restarts: int
     busy_s: float
+    retries: int = 0  # checks run again because their worker died under them
 
     @property
     def checks_per_s(self) -> float:
@@ -313,10 +314,13 @@ class MathVerifier:
     @property
     def stats(self) -> VerifierStats:
         s = self._pool.stats
-        return VerifierStats(s.tasks, s.timeouts, s.errors, s.restarts, s.busy_s)
+        return VerifierStats(s.tasks, s.timeouts, s.errors, s.restarts, s.busy_s, s.retries)
 
-    def score_pairs(self, golds: Sequence[str], responses: Sequence[str]) -> np.ndarray:
-        """float32 [N]: 1.0 where responses[i] answers golds[i]; never raises per item."""
+    def score_pairs(self, golds: Sequence[str], responses: Sequence[str], *,
+                    failed: float = 0.0) -> np.ndarray:
+        """float32 [N]: 1.0 where responses[i] answers golds[i]; never raises per item. A
+        check that errored (its worker died twice, or it raised) scores `failed` (NaN: for
+        ada.rewards.score to count it as a failed reward); a timeout scores 0."""
         if len(golds) != len(responses):
             raise ValueError(
                 f"score: {len(golds)} gold answers but {len(responses)} responses; "
@@ -329,13 +333,15 @@ class MathVerifier:
                 todo.append(i)
                 args.append(("check", g[:MAX_GOLD_CHARS], _clip(r)))
         for i, (status, value) in zip(todo, self._map(args), strict=True):
-            out[i] = float(value) if status == "ok" else 0.0
+            out[i] = float(value) if status == "ok" else failed if status == "error" else 0.0
         return out
 
-    def score(self, records: Sequence[dict], responses: Sequence[str]) -> np.ndarray:
-        """float32 [N] rewards of responses[i] against records[i]['answer']."""
+    def score(self, records: Sequence[dict], responses: Sequence[str], *,
+              failed: float = 0.0) -> np.ndarray:
+        """float32 [N] rewards of responses[i] against records[i]['answer'] (`failed`: see
+        score_pairs)."""
         golds = [r.get("answer") if isinstance(r, dict) else None for r in records]
-        return self.score_pairs(golds, responses)
+        return self.score_pairs(golds, responses, failed=failed)
 
     def golds_parseable(self, answers: Sequence[str]) -> np.ndarray:
         """bool [N]: which gold answers the verifier reads as math (timeouts: False)."""
@@ -420,11 +426,12 @@ def math_reward(record: dict, response_text: str) -> float:
 def _math_score_batch(records: Sequence[dict], responses: Sequence[str]) -> np.ndarray:
     """Batch form of `math_reward` (the Collector calls it once per round or driver step):
     the checks fan out over a shared pool with one worker per CPU, up to 32 (lazy; closed at
-    exit). At ~50 checks/s per worker, one at a time would stall a 512-prompt step."""
+    exit). At ~50 checks/s per worker, one at a time would stall a 512-prompt step. A check
+    whose worker died twice is NaN, so ada.rewards.score counts it (reward_failures)."""
     v = _BATCH.get("pool")
     if v is None:
         v = _BATCH["pool"] = MathVerifier(num_workers=max(1, min(32, os.cpu_count() or 1)))
-    return v.score(records, responses)
+    return v.score(records, responses, failed=float("nan"))
 
 
 math_reward.score_batch = _math_score_batch

@@ -3,7 +3,9 @@
 Why not `multiprocessing.Pool` or `concurrent.futures`: neither can stop one task that is
 stuck inside C code (a huge sympy power, a catastrophic regex). Here each worker owns one
 pipe; the parent hands out one task at a time, waits with a deadline, and a worker that
-passes its deadline is killed (SIGKILL) and replaced. A task's outcome is one of
+passes its deadline is killed (SIGKILL) and replaced. A worker that dies under a task (the
+OOM killer, a segfault in a C extension, a kill) is replaced and its task retried once on
+the new worker; a task that loses its worker twice is an error. A task's outcome is one of
 `("ok", value)`, `("timeout", None)` or `("error", message)`; `map` itself never raises
 for a task's sake. A task's clock starts when a ready worker takes it: start-up
 (imports, and the re-import of the parent's `__main__` that spawn/forkserver do) is not
@@ -77,6 +79,7 @@ class WorkerStats:
     timeouts: int = 0
     errors: int = 0
     restarts: int = 0
+    retries: int = 0  # tasks whose worker died under them, run again on a fresh one
     busy_s: float = 0.0
 
 def _default_context():
@@ -215,6 +218,7 @@ class HardTimeoutPool:
     def _run(self, args_list: Sequence[tuple]) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(args_list)
         todo = collections.deque(range(len(args_list)))
+        lost = [0] * len(args_list)  # times a task's worker died under it
         while todo or any(w.task is not None for w in self._workers):
             for w in list(self._workers):  # hand out work to ready, idle workers
                 if w.ready and w.task is None and todo:
@@ -246,10 +250,15 @@ class HardTimeoutPool:
                     try:
                         index, outcome = w.conn.recv()
                     except (EOFError, OSError):  # the worker died (e.g. out of memory)
-                        outcomes[w.task] = ("error", "worker process died")
-                        self.stats.errors += 1
-                        w.task = None
+                        i, w.task = w.task, None
                         self._replace(w)
+                        lost[i] += 1
+                        if lost[i] == 1:  # once more, on the fresh worker
+                            self.stats.retries += 1
+                            todo.appendleft(i)
+                        else:
+                            outcomes[i] = ("error", f"worker process died ({lost[i]} times)")
+                            self.stats.errors += 1
                         continue
                     outcomes[index] = outcome
                     self.stats.errors += outcome[0] == "error"

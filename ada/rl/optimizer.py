@@ -26,6 +26,7 @@ class OptimConfig:
     warmup_steps: int = 10  # RL steps of linear warm-up
     weight_decay: float = 0.0
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
+    max_skipped_in_row: int = 10  # the loop stops after this many skipped RL steps in a row
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
@@ -40,6 +41,8 @@ class OptimConfig:
             problems.append(f"weight_decay={self.weight_decay} must be >= 0")
         if not self.grad_clip >= 0:
             problems.append(f"grad_clip={self.grad_clip} must be >= 0 (0 disables clipping)")
+        if self.max_skipped_in_row < 1:
+            problems.append(f"max_skipped_in_row={self.max_skipped_in_row} must be >= 1")
         if problems:
             raise ValueError("invalid OptimConfig: " + "; ".join(problems))
 

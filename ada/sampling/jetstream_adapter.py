@@ -14,6 +14,12 @@ only when this module is. The mapping onto ada.sampling.engine:
             device (valid=False after), and JetStream's max_tokens is applied by its
             detokenizer.
 
+A prompt longer than the engine's prefill (its max_prompt_len) is refused by
+`LimitedOrchestrator`, JetStream's gRPC servicer with a length check before a request is
+queued: INVALID_ARGUMENT naming the limit; or, under truncate="left" (ada-serve
+--truncate=left), JetStream keeps its last tokens and the response's initial metadata says so
+(`ada-prompt-truncated: N->LIMIT`). JetStream alone keeps the end silently.
+
 Compat: jetstream 0.2.2's orchestrator calls `jax.tree_map`, removed from current jax;
 importing this module points its `delete_pytree` at `jax.tree.leaves`, and removes the
 DEBUG stdout handler the orchestrator installs on the root logger at import.
@@ -33,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 _root_level = logging.getLogger().level
+import grpc  # noqa: E402
 from jetstream.core import orchestrator as _orchestrator  # noqa: E402
 from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2  # noqa: E402
 
@@ -181,3 +188,33 @@ class JetStreamEngine(engine_api.Engine):
     @property
     def colocated_cpus(self):
         return None
+
+
+TRUNCATED_KEY = "ada-prompt-truncated"  # initial metadata of a truncated request: "N->LIMIT"
+
+
+class LimitedOrchestrator(_orchestrator.LLMOrchestrator):
+    """JetStream's servicer that refuses (INVALID_ARGUMENT) a prompt of more than `limit`
+    tokens (`count(text)` for a text request), or under truncate="left" lets JetStream keep
+    its last `limit` tokens and tells the client in the initial metadata."""
+
+    def __init__(self, driver, *, limit: int, count, truncate: str | None = None):
+        super().__init__(driver=driver)
+        self.limit, self.count, self.truncate = int(limit), count, truncate
+
+    async def Decode(self, request, context=None):  # noqa: N802 - gRPC's name
+        which = request.WhichOneof("content")
+        n = (len(self.count(request.text_content.text)) if which == "text_content" else
+             len(request.token_content.token_ids))
+        if n > self.limit:
+            if self.truncate != "left":
+                await _orchestrator._abort_or_raise(
+                    context=context, code=grpc.StatusCode.INVALID_ARGUMENT,
+                    details=f"the prompt has {n} tokens; this server takes at most {self.limit} "
+                            "(ada-serve --max_prompt_len); shorten it, or start the server with "
+                            f"--truncate=left to keep its last {self.limit} tokens")
+                return
+            if context is not None:
+                await context.send_initial_metadata(((TRUNCATED_KEY, f"{n}->{self.limit}"),))
+        async for response in super().Decode(request, context):
+            yield response

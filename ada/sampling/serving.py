@@ -38,12 +38,17 @@ def _is_char(text: str) -> bool:
     return len(text) == 1 and text.isalnum()
 
 
-def serve(engine, params, tokenizer: ServedTokenizer, host: str, port: int, seed: int = 0):
+def serve(engine, params, tokenizer: ServedTokenizer, host: str, port: int, seed: int = 0,
+          truncate: str | None = None):
     """Start JetStream's gRPC server (`server_lib.run`) on `engine` with `params`; returns
-    the server."""
+    the server. A prompt over the engine's max_prompt_len tokens is refused with
+    INVALID_ARGUMENT, or with truncate="left" keeps its last tokens and the client is told
+    (ada.sampling.jetstream_adapter.LimitedOrchestrator)."""
+    import functools
+
     # The adapter first: it undoes the DEBUG logging JetStream's orchestrator turns on.
-    from ada.sampling.jetstream_adapter import JetStreamEngine  # isort: skip
-    from jetstream.core import config_lib, server_lib  # isort: skip
+    from ada.sampling.jetstream_adapter import JetStreamEngine, LimitedOrchestrator  # isort: skip
+    from jetstream.core import config_lib, orchestrator, server_lib  # isort: skip
 
     jet = JetStreamEngine(engine, params, tokenizer, step_key=seed)
     device = jet.mesh.devices.flat[0]
@@ -51,4 +56,13 @@ def serve(engine, params, tokenizer: ServedTokenizer, host: str, port: int, seed
                                             interleaved_engine_create_fns=(lambda _: jet,))
     # server_lib.run binds every interface ([::]) otherwise; an IPv6 address needs brackets.
     server_lib._HOST = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return server_lib.run(port=port, config=server_config, devices=[device])
+    # server_lib builds its servicer as orchestrator.LLMOrchestrator(driver=...): ours, while
+    # it starts
+    original = orchestrator.LLMOrchestrator
+    orchestrator.LLMOrchestrator = functools.partial(
+        LimitedOrchestrator, limit=engine.max_prompt_len, count=tokenizer.encode,
+        truncate=truncate)
+    try:
+        return server_lib.run(port=port, config=server_config, devices=[device])
+    finally:
+        orchestrator.LLMOrchestrator = original

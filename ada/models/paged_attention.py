@@ -1,0 +1,261 @@
+"""Paged KV cache and ragged paged attention: the device side (docs/paged.md).
+
+The cache of every layer is one pool of fixed-size pages, laid out as JAX's Pallas TPU kernel
+(`jax.experimental.pallas.ops.tpu.ragged_paged_attention`) reads it:
+
+  pages [num_pages, page_size, 2K, Hd]   keys and values interleaved on axis 2: combined
+                                          head 2h is key head h, 2h + 1 its value head
+
+A slot (one sequence) owns the pages its row of the page table names, in order: position p
+of the slot lies in page `page_table[slot, p // page_size]` at offset `p % page_size`. Its
+`lengths[slot]` tokens sit at positions [0, length): no padding, so a token's RoPE position
+is its cache position. Page 0 is the null page: a page-table entry never given out points
+there, nothing is ever written to it, and what is read from it is masked. Which pages a
+slot holds, and who shares them, is the host allocator's business (ada/sampling/pages.py).
+
+Writes scatter each new token's [2K, Hd] row into its page (in place when the pool is
+donated); a write whose position has no page, or whose token is padding, is dropped.
+Attention reads only the pages a slot's table names, in one of two ways:
+
+  "gather"  pure JAX: gather the slot's first W pages ([B, W * page_size] positions, W the
+            page table's width, a static window the caller buckets) and mask by position.
+            Any T; the CPU path and the reference.
+  "kernel"  the Pallas TPU kernel, decode only (T = 1): it reads ceil(length / page_size)
+            pages per slot, rounded up to its `num_kv_pages_per_block`. Needs a TPU (or
+            libtpu to compile for one) and head_dim a multiple of 128.
+
+`paged_forward` is the model's cached forward over pages: the same weights and math as
+ada.models.transformer.forward with a KVCache, for the families that module serves.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from ada.models.transformer import (
+    ModelConfig,
+    apply_rope,
+    project_logits,
+    rms_norm,
+    rope_inv_freq,
+)
+
+NULL_PAGE = 0
+
+
+@struct.dataclass
+class PagedKV:
+    """The paged cache as one forward call sees it, for B slots."""
+
+    pages: tuple[jax.Array, ...]  # L x [num_pages, page_size, 2K, Hd]
+    page_table: jax.Array  # [B, W] int32: the slot's pages in order (NULL_PAGE past its end)
+    lengths: jax.Array  # [B] int32: tokens in the cache (the next write position)
+
+    @property
+    def page_size(self) -> int:
+        return self.pages[0].shape[1]
+
+
+def init_pages(config: ModelConfig, num_pages: int, page_size: int, dtype=None):
+    """An empty pool: one zeroed [num_pages, page_size, 2K, Hd] array per layer."""
+    dtype = dtype or config.compute_dtype
+    shape = (num_pages, page_size, 2 * config.num_kv_heads, config.head_dim)
+    return tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+
+
+def page_bytes(config: ModelConfig, page_size: int, dtype=None, kv_head_shards: int = 1) -> int:
+    """Bytes of one page of every layer (keys and values), per KV-head shard."""
+    itemsize = jnp.dtype(dtype or config.compute_dtype).itemsize
+    heads = -(-config.num_kv_heads // kv_head_shards)
+    return config.num_layers * page_size * 2 * heads * config.head_dim * itemsize
+
+
+# ----------------------------------------------------------------------------- write
+
+
+def write_positions(page_table_BxW, start_B, count_B, T: int, page_size: int, num_pages: int):
+    """Where each of T new tokens per slot goes: (page [B, T], offset [B, T]). Token t of
+    slot b sits at position start_B[b] + t. Padding (t >= count_B[b]), positions past the
+    table and unassigned (null) pages get page `num_pages`: out of bounds, so dropped."""
+    W = page_table_BxW.shape[1]
+    pos = start_B[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    col = pos // page_size
+    page = jnp.take_along_axis(page_table_BxW, jnp.clip(col, 0, W - 1), axis=1)
+    keep = (jnp.arange(T)[None, :] < count_B[:, None]) & (col < W) & (page != NULL_PAGE)
+    return jnp.where(keep, page, num_pages), pos % page_size
+
+
+def write_kv(pages_PxSxCxHd, k_BxTxKxHd, v_BxTxKxHd, page_BxT, offset_BxT):
+    """Scatter new keys and values into their pages (interleaved, as the kernel reads them);
+    only the B*T rows are touched, in place under donation."""
+    B, T, K, Hd = k_BxTxKxHd.shape
+    kv = jnp.stack([k_BxTxKxHd, v_BxTxKxHd], axis=3).reshape(B, T, 2 * K, Hd)
+    return pages_PxSxCxHd.at[page_BxT, offset_BxT].set(kv.astype(pages_PxSxCxHd.dtype),
+                                                       mode="drop")
+
+
+def copy_pages(pages: tuple, src_N, dst_N) -> tuple:
+    """Copy whole pages src -> dst in every layer (the copy-on-write of a shared prompt's
+    partial last page). Pairs with dst = NULL_PAGE are no-ops (padding)."""
+    def one(p):
+        rows = p[src_N]
+        dst = jnp.where(dst_N == NULL_PAGE, p.shape[0], dst_N)
+        return p.at[dst].set(rows, mode="drop")
+
+    return tuple(one(p) for p in pages)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def attention_gather(q_BxTxHxHd, pages_PxSxCxHd, page_table_BxW, start_B):
+    """Ragged paged attention in pure JAX: query t of slot b (position start_B[b] + t)
+    attends to the slot's positions <= its own, read through its first W pages. Returns
+    [B, T, H * Hd]. The math of the dense cached attention (float32 softmax)."""
+    B, T, H, Hd = q_BxTxHxHd.shape
+    _, page_size, C, _ = pages_PxSxCxHd.shape
+    K, W = C // 2, page_table_BxW.shape[1]
+    S = W * page_size
+    kv = pages_PxSxCxHd[page_table_BxW].reshape(B, S, K, 2, Hd)
+    k, v = kv[..., 0, :].astype(q_BxTxHxHd.dtype), kv[..., 1, :].astype(q_BxTxHxHd.dtype)
+    q = q_BxTxHxHd.reshape(B, T, K, H // K, Hd)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32) / math.sqrt(Hd)
+    q_pos = start_B[:, None] + jnp.arange(T)[None, :]
+    allowed = jnp.arange(S)[None, None, :] <= q_pos[:, :, None]  # [B, T, S]
+    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, H * Hd)
+
+
+def attention_kernel(q_BxHxHd, pages_PxSxCxHd, page_table_BxW, kv_lens_B, *,
+                     num_kv_pages_per_block: int, num_queries_per_block: int,
+                     vmem_limit_bytes: int | None = None):
+    """Decode attention (one query per slot) through the Pallas TPU kernel. kv_lens_B
+    counts the new token (written first). Returns [B, H * Hd].
+
+    The block sizes are explicit: the kernel's tuned-size lookup asks the default backend,
+    which is the CPU when compiling ahead of time (`tuned_blocks` reads its table for a
+    named chip). Call it under `jax.set_mesh(mesh)` of TPU devices (libtpu AOT or real).
+    A slot with no tokens gets length 1 (it reads the null page; its output is unused)."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    B, H, Hd = q_BxHxHd.shape
+    # The kernel's dots take the ambient matmul precision, and Mosaic rejects "highest"
+    # (fp32 passes) on bfloat16 operands: trace it at the default whatever the caller set.
+    with jax.default_matmul_precision("default"):
+        out = ragged_paged_attention(
+            q_BxHxHd, pages_PxSxCxHd, jnp.maximum(kv_lens_B, 1).astype(jnp.int32),
+            page_table_BxW.astype(jnp.int32), jnp.arange(B + 1, dtype=jnp.int32),
+            jnp.full((1,), B, jnp.int32), sm_scale=1.0 / math.sqrt(Hd),
+            num_kv_pages_per_block=num_kv_pages_per_block,
+            num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes)
+    return out.reshape(B, H * Hd)
+
+
+def tuned_blocks(config: ModelConfig, page_size: int, num_slots: int, pages_per_slot: int,
+                 device_kind: str = "TPU v5 lite", kv_head_shards: int = 1,
+                 max_kv_pages_per_block: int | None = 16) -> tuple[int, int]:
+    """(num_kv_pages_per_block, num_queries_per_block) from the kernel's tuned table for a
+    named chip, without asking the default backend. Decode reads whole blocks of pages (the
+    kernel DMAs a full block even past a slot's end), so the page block is capped at
+    `max_kv_pages_per_block` (None: the table's value): bytes then track live pages."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import tuned_block_sizes as t
+
+    dt = config.compute_dtype
+    heads = -(-config.num_kv_heads // kv_head_shards)
+    q_heads = heads * (config.num_heads // config.num_kv_heads)
+    qh, ch = kernel.get_min_heads_per_blk(q_heads, 2 * heads, dt, dt)
+    key = t.simplify_key((dt, dt, qh, ch // 2, config.head_dim, page_size, num_slots,
+                          pages_per_slot))
+    name = " ".join(device_kind.split()[:2])
+    bkv, bq = t.TUNED_BLOCK_SIZES.get(name, {}).get(key, (128, 32))
+    if max_kv_pages_per_block:
+        bkv = min(bkv, max_kv_pages_per_block)
+    return min(pages_per_slot, bkv), min(num_slots, bq)
+
+
+def kernel_read_bytes(kv_lens, page_size: int, num_kv_pages_per_block: int,
+                      page_bytes_one_layer: int) -> int:
+    """HBM bytes one layer's kernel call reads for these kv lengths (host numbers): whole
+    blocks of pages per slot. The compiler's cost analysis cannot see into the kernel."""
+    total = 0
+    for n in kv_lens:
+        pages = -(-max(int(n), 1) // page_size)
+        total += -(-pages // num_kv_pages_per_block) * num_kv_pages_per_block
+    return total * page_bytes_one_layer
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def _layers(layers, num_layers: int) -> list:
+    if isinstance(layers, list | tuple):
+        return list(layers)
+    return [jax.tree.map(lambda x, i=i: x[i], layers) for i in range(num_layers)]
+
+
+def _mm(x_BxTxI, w_IxO):
+    rows = x_BxTxI.reshape(-1, x_BxTxI.shape[-1]) @ w_IxO
+    return rows.reshape(*x_BxTxI.shape[:-1], w_IxO.shape[-1])
+
+
+def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B=None, *,
+                  attention: str = "gather", blocks: tuple[int, int] | None = None,
+                  return_hidden: bool = False):
+    """Run the model on T new tokens per slot over the paged cache.
+
+    Token t of slot b is at position kv.lengths[b] + t; tokens t >= counts_B[b] (default:
+    all T) are padding: not written, their outputs unused. Each layer writes its new keys
+    and values into their pages, then attends over the slot's pages (module docstring);
+    `blocks` = (num_kv_pages_per_block, num_queries_per_block) for attention="kernel".
+    Returns (logits [B, T, V] float32 or the final hidden states, the updated PagedKV
+    with lengths advanced by counts_B)."""
+    c = config
+    dt = c.compute_dtype
+    B, T = tokens_BxT.shape
+    H, K, Hd = c.num_heads, c.num_kv_heads, c.head_dim
+    counts = jnp.full((B,), T, jnp.int32) if counts_B is None else counts_B.astype(jnp.int32)
+    start = kv.lengths
+    positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    inv_freq = rope_inv_freq(c)
+    num_pages = kv.pages[0].shape[0]
+    page_BxT, off_BxT = write_positions(kv.page_table, start, counts, T, kv.page_size, num_pages)
+    if attention == "kernel" and (T != 1 or blocks is None):
+        raise ValueError("attention='kernel' is decode only (T = 1) and needs blocks=(kv pages,"
+                         " queries) per block")
+
+    x = params["embed"].astype(dt)[tokens_BxT]
+    new_pages = []
+    for layer, pages in zip(_layers(params["layers"], c.num_layers), kv.pages, strict=True):
+        w = {name: value.astype(dt) for name, value in layer.items()}
+        h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
+        q, k, v = _mm(h, w["q"]), _mm(h, w["k"]), _mm(h, w["v"])
+        if c.qkv_bias:
+            q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
+        q, k, v = q.reshape(B, T, H, Hd), k.reshape(B, T, K, Hd), v.reshape(B, T, K, Hd)
+        if c.qk_norm:
+            q = rms_norm(q, w["q_norm"], c.rms_norm_eps)
+            k = rms_norm(k, w["k_norm"], c.rms_norm_eps)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        pages = write_kv(pages, k, v, page_BxT, off_BxT)
+        new_pages.append(pages)
+        if attention == "kernel":
+            attn = attention_kernel(q[:, 0], pages, kv.page_table, start + counts,
+                                    num_kv_pages_per_block=min(blocks[0], kv.page_table.shape[1]),
+                                    num_queries_per_block=min(blocks[1], B))[:, None]
+        else:
+            attn = attention_gather(q, pages, kv.page_table, start)
+        x = x + _mm(attn.astype(dt), w["o"])
+        h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
+        x = x + _mm(jax.nn.silu(_mm(h, w["gate"])) * _mm(h, w["up"]), w["down"])
+
+    x = rms_norm(x, params["final_norm"].astype(dt), c.rms_norm_eps)
+    new_kv = kv.replace(pages=tuple(new_pages), lengths=start + counts)
+    if return_hidden:
+        return x, new_kv
+    return project_logits(params, config, x), new_kv

@@ -1,0 +1,593 @@
+"""Faults and misuse, injected for real (docs/reliability.md): signals to a training process,
+SIGKILL inside a checkpoint save, os.kill of a reward worker, a full (tmpfs) or size-limited
+file system, a non-finite update, a changed config on resume, bad data, too-long prompts.
+Each test asserts what survived: metrics rows equal to an uninterrupted run where resume is
+promised, exit codes and one-line messages where a stop is promised.
+
+The runs are the tiny default model, 4 steps, no warm start, sharing one JAX compilation
+cache (the first run compiles; the others load). The dead-host case is in
+tests/test_faults_multihost.py.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ada.metrics import read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT = os.path.join(ROOT, "configs", "default.py")
+STEPS = 4
+NOISE = ("Traceback", "stack trace", "KeyboardInterrupt", "Metadata file does not exist")
+
+
+def flaky_reward(record, text):
+    """The arithmetic reward, except that it raises on about one response in five (by a hash
+    of the text, the same in every process): a raising reward must never stop a run."""
+    from ada.rewards import get_reward_fn
+
+    if hashlib.sha256(text.encode()).digest()[0] % 5 == 0:
+        raise RuntimeError("flaky reward")
+    return get_reward_fn("arithmetic")(record, text)
+
+
+def _slow(seconds, value, marks):
+    """A reward-worker task: says it started (a file named after it and its worker's pid),
+    then takes `seconds`."""
+    open(os.path.join(marks, f"{value}.{os.getpid()}"), "w").close()
+    time.sleep(seconds)
+    return value
+
+
+def _started(marks, value, count, timeout=60):
+    """The pids of the workers that started `value`, once `count` have."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [int(n.split(".")[1]) for n in os.listdir(marks) if n.startswith(f"{value}.")]
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.01)
+    raise AssertionError(f"{value} was not started {count} times")
+
+
+# ----------------------------------------------------------------------------- the runs
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    base = tmp_path_factory.mktemp("faults")
+    return dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(base / "jax"),
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1", ADA_TEST_CACHE=str(base / "ada"),
+                PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+
+
+def command(workdir, env, *extra):
+    ov = {"train.steps": STEPS, "warmstart.enabled": "false",
+          "warmstart.cache_dir": env["ADA_TEST_CACHE"], "data.num_train": 200,
+          "data.num_eval": 8, "data.prompts_per_step": 4, "adaptive.samples_per_round": 4,
+          "adaptive.max_rounds": 2, "sampling.num_slots": 16, "sampling.max_new_tokens": 6,
+          "eval.every": 0, "checkpoint.every": 1,
+          "checkpoint.keep": 2, "log.progress": "false", "log.plots": "false",
+          "log.tensorboard": "false", "data.reward": "test_faults:flaky_reward",
+          "optim.lr": "1e-3", "optim.warmup_steps": 1}
+    return [sys.executable, "-m", "ada.runner", "--config", DEFAULT,
+            *[f"--config.{k}={v}" for k, v in ov.items()], *extra, "--workdir", str(workdir)]
+
+
+def run(workdir, env, *extra, timeout=300, **kw):
+    return subprocess.run(command(workdir, env, *extra), env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, **kw)
+
+
+def lines(text):
+    return [ln for ln in text.strip().splitlines() if ln.strip()]
+
+
+def rows(workdir):
+    return [{k: v for k, v in r.items() if not k.startswith("time_")
+             and k not in ("setup_s", "warmstart_cached")}
+            for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def signalled(workdir, env, signals, after_step=1, *extra):
+    """Start a run, send `signals` (0.1 s apart: two pending signals of a kind would be one)
+    once metrics.jsonl has `after_step`'s row; returns (process result, seconds from the last
+    signal to the exit)."""
+    proc = subprocess.Popen(command(workdir, env, *extra), env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            got = read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+            if got and got[-1]["step"] >= after_step:
+                break
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.02)
+        for i, s in enumerate(signals):
+            time.sleep(0.1 * bool(i))
+            proc.send_signal(s)
+        t = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), \
+            time.monotonic() - t
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, env):
+    """The uninterrupted run (it also fills the compilation cache)."""
+    wd = tmp_path_factory.mktemp("reference") / "run"
+    r = run(wd, env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return rows(wd)
+
+
+@pytest.fixture(scope="module")
+def preempted(tmp_path_factory, env, reference):
+    """A run stopped by SIGTERM after step 1, as a CPU user starts it (JAX_PLATFORMS unset,
+    libtpu installed): (its result, its directory)."""
+    wd = tmp_path_factory.mktemp("preempted") / "run"
+    r, _ = signalled(wd, {k: v for k, v in env.items() if k != "JAX_PLATFORMS"}, [signal.SIGTERM])
+    return r, wd
+
+
+def tree_hash(path):
+    h = hashlib.sha256()
+    for d, _, files in sorted(os.walk(path)):
+        for f in sorted(files):
+            h.update(os.path.relpath(os.path.join(d, f), path).encode())
+            h.update(open(os.path.join(d, f), "rb").read())
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- 1: signals
+
+
+def test_a_raising_reward_never_stops_the_run(reference):
+    assert [r["step"] for r in reference] == list(range(STEPS + 1))
+    assert sum(r["reward_failures"] for r in reference[1:]) > 0  # raised, counted, survived
+
+
+def test_sigterm_checkpoints_and_says_how_to_resume(preempted):
+    r, wd = preempted
+    assert r.returncode == 0, r.stderr[-3000:]
+    (line,) = lines(r.stderr)
+    step = read_jsonl(os.path.join(wd, "metrics.jsonl"))[-1]["step"]
+    assert line.startswith(f"SIGTERM: stopped after step {step} (checkpoint {wd}/checkpoints/")
+    assert "resume with: python -m ada.runner" in line and f"--workdir {wd}" in line
+    assert step < STEPS and str(step) in os.listdir(wd / "checkpoints")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, env, reference):
+    r, _ = signalled(tmp_path / "run", env, [signal.SIGINT])
+    assert r.returncode == 130, r.stderr[-3000:]
+    (line,) = lines(r.stderr)
+    assert line.startswith("SIGINT: stopped after step") and "resume with:" in line
+    assert not any(n in r.stderr for n in NOISE)
+    from ada.checkpoint import complete_steps
+
+    assert complete_steps(str(tmp_path / "run" / "checkpoints"))  # the step was saved
+
+
+def test_a_second_signal_exits_at_once(tmp_path, env, reference):
+    """With libtpu loaded (JAX_PLATFORMS='' lets JAX start it on a CPU), whose failure-signal
+    handler would dump a stack on SIGTERM: ada's handlers win. The signals come as the first
+    step starts (after the row of the initial evaluation), in its compile."""
+    r, seconds = signalled(tmp_path / "run", dict(env, JAX_PLATFORMS=""),
+                           [signal.SIGTERM, signal.SIGTERM], 0)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
+    assert seconds < 5
+    ours = [ln for ln in lines(r.stderr) if "SIGTERM" in ln]  # libtpu prints its failed start
+    assert len(ours) == 1 and ours[0].startswith("a second SIGTERM: stopped at once"), r.stderr
+    assert "python -m ada.runner" in ours[0]
+    assert not any(n in r.stderr for n in (*NOISE, "FailureSignalHandler", "received by PID"))
+
+
+# ----------------------------------------------------------------------------- 5: a full disk
+
+
+def _small_fs(path, size):
+    """A tmpfs of `size` at `path` (True), or False where mounting is not allowed."""
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True)
+    return r.returncode == 0
+
+
+def _fill(path, leave):
+    """Fill the file system of `path` until about `leave` bytes are free."""
+    with open(path / "filler", "wb") as f:
+        while True:
+            free = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
+            if free <= leave:
+                break
+            try:
+                f.write(b"\0" * min(1 << 20, free - leave))
+                f.flush()
+            except OSError as e:
+                assert e.errno == errno.ENOSPC
+                break
+
+
+def test_full_disk_stops_with_one_line_and_a_restart_resumes(tmp_path, env, reference, preempted):
+    """The preempted run resumes on a full disk: the next checkpoint cannot be written (a real
+    ENOSPC from a small tmpfs; where mounting is not allowed, a real EFBIG from RLIMIT_FSIZE).
+    One line, exit 1, the earlier checkpoints untouched; with space freed the same command
+    resumes and ends with the uninterrupted run's rows (and a safe change, log.plots, is
+    recorded in config_history.jsonl, not written over config.json)."""
+    _, src = preempted
+    mnt = tmp_path / "disk"
+    mounted = _small_fs(mnt, "6m")
+    try:
+        wd = mnt / "run"
+        shutil.copytree(src, wd)
+        before = tree_hash(wd / "checkpoints")
+        config = (wd / "config.json").read_bytes()
+        kw = {}
+        if mounted:
+            _fill(mnt, leave=200_000)  # room for metrics lines, not for a ~1 MB checkpoint
+        else:
+            import resource
+
+            def limit():  # files over 256 KiB fail with EFBIG (a checkpoint's data file)
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+
+            kw = {"preexec_fn": limit}
+        r = run(wd, env, **kw)
+        assert r.returncode == 1, r.stderr[-3000:]
+        msg = [ln for ln in lines(r.stderr) if "ada.loop" not in ln]  # the 'resumed from' log
+        assert len(msg) == 1 and msg[0].startswith("error: cannot write checkpoint"), r.stderr
+        code = "ENOSPC" if mounted else "EFBIG"
+        assert f"{wd}/checkpoints" in msg[0] and code in msg[0] and "free space" in msg[0]
+        assert "then rerun python -m ada.runner" in msg[0] and "to resume from step" in msg[0]
+        assert not any(n in r.stderr for n in NOISE)
+        assert tree_hash(wd / "checkpoints") == before  # the earlier checkpoints, untouched
+        if mounted:
+            os.remove(mnt / "filler")  # space freed
+        r = run(wd, env, "--config.log.plots=true")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "Metadata file does not exist" not in r.stderr
+        assert rows(wd) == reference
+        assert (wd / "config.json").read_bytes() == config
+        history = read_jsonl(str(wd / "config_history.jsonl"))
+        assert [h["changes"] for h in history] == [{"log.plots": [False, True]}]
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_read_only_workdir_stops_with_one_line(tmp_path, env, preempted):
+    """EROFS (a read-only mount; root writes anywhere else): refused before any compile."""
+    _, src = preempted
+    mnt = tmp_path / "ro"
+    if not _small_fs(mnt, "8m"):
+        pytest.skip("mounting a tmpfs is not allowed here (the full-disk test uses RLIMIT_FSIZE)")
+    try:
+        shutil.copytree(src, mnt / "run")
+        before = tree_hash(mnt / "run")
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        r = run(mnt / "run", env)
+        assert r.returncode == 2, r.stderr[-3000:]
+        (line,) = lines(r.stderr)
+        assert f"{mnt / 'run'}" in line and "EROFS" in line and "--workdir" in line
+        assert tree_hash(mnt / "run") == before
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_metrics_write_on_a_full_disk_is_one_line(tmp_path):
+    """A metrics line that cannot be written (a full tmpfs: ENOSPC) is a StorageError naming
+    the file, the errno and the fix; the lines written before stay readable."""
+    from ada.checkpoint import StorageError
+    from ada.metrics import MetricsWriter
+
+    mnt = tmp_path / "disk"
+    if not _small_fs(mnt, "64k"):
+        pytest.skip("mounting a tmpfs is not allowed here")
+    try:
+        writer = MetricsWriter(str(mnt), tensorboard=False, enabled=True)
+        writer.write(0, {"x": 1.0})
+        _fill(mnt, leave=0)
+        with pytest.raises(StorageError) as e:
+            for step in range(1, 10_000):  # the page the file has left fills first
+                writer.write(step, {"x": 1.0, "pad": "p" * 200})
+        assert str(e.value).startswith(f"cannot write metrics {mnt}/metrics.jsonl: ")
+        assert "ENOSPC" in str(e.value) and "free space" in str(e.value)
+        assert read_jsonl(str(mnt / "metrics.jsonl"))[0] == {"step": 0, "x": 1.0}
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+# ----------------------------------------------------------------------------- 3: checkpoint kills
+
+_SAVER = """
+import sys
+import numpy as np
+from ada.checkpoint import Checkpointer
+d = sys.argv[1]
+for spec in sys.argv[2:]:
+    step, keep, value = (int(x) for x in spec.split(":"))
+    Checkpointer(d, keep=keep).save(step, {"w": np.full((64, 64), float(value))}, {"v": value})
+print("not killed")
+"""
+
+# point -> (saves as step:keep:value, ADA_FAULT step, latest complete step after, its value)
+KILLS = {
+    "start": (["1:2:1", "2:2:2", "3:2:3"], 3, 2, 2),  # nothing of step 3 written
+    "tmp": (["1:2:1", "2:2:2", "3:2:3"], 3, 2, 2),  # orbax's temporary directory, no item
+    "items": (["1:2:1", "2:2:2", "3:2:3"], 3, 2, 2),  # both items written, not committed
+    "committed": (["1:2:1", "2:2:2", "3:2:3"], 3, 3, 3),  # in place, old ones not deleted
+    "gc": (["1:3:1", "2:3:2", "3:1:3"], 3, 3, 3),  # keep=1: one of two old steps deleted
+    "superseded": (["1:2:1", "2:2:2", "2:2:9"], 2, 2, 2),  # a re-save of 2 never completed
+}
+
+
+def test_a_kill_inside_a_checkpoint_save_loses_nothing(tmp_path, caplog):
+    """SIGKILL at each point of a save (ADA_FAULT picks the moment; the kill is real): the
+    next start resumes from the newest complete checkpoint, a partial one is removed with a
+    warning, and keep-last-k never left fewer complete steps than before."""
+    import logging
+
+    import jax.numpy as jnp
+
+    from ada.checkpoint import Checkpointer, complete_steps
+
+    procs = {}
+    for point, (saves, at, _, _) in KILLS.items():
+        env = dict(os.environ, JAX_PLATFORMS="cpu", ADA_FAULT=f"checkpoint.{point}@{at}")
+        procs[point] = subprocess.Popen([sys.executable, "-c", _SAVER, str(tmp_path / point),
+                                         *saves], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+    for point, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == -signal.SIGKILL, (point, out, err[-2000:])
+    for point, (_, at, latest, value) in KILLS.items():
+        d = str(tmp_path / point)
+        assert complete_steps(d), point  # a complete checkpoint survived every kill
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ada.checkpoint"):
+            ck = Checkpointer(d)
+            ck.clean_partial()  # what training does when it starts
+        assert ck.latest_step() == latest, point
+        state, meta, _ = ck.restore({"w": jnp.zeros((64, 64))})
+        assert float(state["w"][0, 0]) == value and meta["v"] == value, point
+        assert all(n.isdigit() for n in os.listdir(d)), (point, os.listdir(d))  # cleaned
+        said = " ".join(r.getMessage() for r in caplog.records)
+        if point in ("tmp", "items"):
+            assert "ignoring incomplete checkpoint" in said and f"{at}.orbax" in said, point
+        if point == "superseded":
+            assert "put back checkpoint" in said
+
+
+# ----------------------------------------------------------------------------- 4: reward workers
+
+
+def test_a_killed_reward_worker_is_replaced_and_its_item_retried(tmp_path):
+    from ada.rewards.math_verifier import MathVerifier
+    from ada.rewards.workers import HardTimeoutPool
+
+    marks = str(tmp_path)
+    with HardTimeoutPool(_slow, num_workers=1, timeout_s=30) as pool:
+        pool.map([(0.0, "warm", marks)])  # started
+
+        def killer():  # item a: killed once (retried); item b: killed on both attempts
+            killed = set()
+            for value, times in (("a", 1), ("b", 2)):
+                for n in range(1, times + 1):
+                    pid = next(p for p in _started(marks, value, n) if p not in killed)
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+
+        t = threading.Thread(target=killer, daemon=True)
+        t.start()
+        out = pool.map([(1.0, "a", marks), (1.0, "b", marks), (0.0, "c", marks)])
+        t.join(10)
+        assert out[0] == ("ok", "a") and out[2] == ("ok", "c")
+        assert out[1][0] == "error" and "died" in out[1][1]
+        assert (pool.stats.retries, pool.stats.restarts, pool.stats.errors) == (2, 3, 1)
+        assert pool.map([(0.0, "d", marks)]) == [("ok", "d")]  # the restarted worker works
+
+    n = 400  # about 2 s of checks on one worker; the kill comes 0.1 s in
+    records = [{"answer": str(i)} for i in range(n)]
+    texts = [f"\\boxed{{{i if i % 3 else i + 1}}}" for i in range(n)]
+    with MathVerifier(num_workers=1) as v:
+        v.score_pairs(["1"], ["1"])  # started
+        threading.Timer(0.1, os.kill, (v._pool.pids[0], signal.SIGKILL)).start()
+        got = v.score(records, texts, failed=float("nan"))
+        assert v.stats.restarts == 1 and v.stats.errors == 0
+    np.testing.assert_array_equal(got, [float(i % 3 != 0) for i in range(n)])
+
+
+# ----------------------------------------------------------------------------- 6: non-finite
+
+
+def test_non_finite_steps_stop_the_run_and_are_never_checkpointed(tmp_path, env, reference):
+    """lr 1e30: step 1's update is finite (huge weights), every later loss is NaN, so its
+    updates are skipped; lr 1e39 overflows float32: step 1 makes the weights inf. (The two
+    runs go side by side: each compiles a train step of its own.)"""
+    import jax
+
+    from ada.checkpoint import Checkpointer, complete_steps
+
+    skips, inf = tmp_path / "skips", tmp_path / "inf"
+    procs = [subprocess.Popen(command(wd, env, *extra), env=env, cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for wd, extra in ((skips, ("--config.optim.lr=1e30", "--config.train.steps=6",
+                                        "--config.optim.max_skipped_in_row=2")),
+                               (inf, ("--config.optim.lr=1e39",)))]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    r_skips, r_inf = [(p.returncode, err) for p, err in zip(procs, errs, strict=True)]
+
+    assert r_skips[0] == 1, r_skips[1][-3000:]
+    (line,) = lines(r_skips[1])
+    assert line.startswith("error: steps 2-3: 2 RL steps in a row") and \
+        "optim.max_skipped_in_row=2" in line
+    assert [x.get("skipped_steps") for x in read_jsonl(str(skips / "metrics.jsonl"))] == \
+        [None, 0, 1, 2]
+    ck = Checkpointer(str(skips / "checkpoints"))
+    for step in ck.all_steps():
+        params = ck.restore_params(step)[0]["params"]
+        assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+    assert r_inf[0] == 1, r_inf[1][-3000:]
+    (line,) = lines(r_inf[1])
+    assert line.startswith("error: step 1 left non-finite parameters") and "optim.lr" in line
+    assert complete_steps(str(inf / "checkpoints")) == []
+
+
+# ----------------------------------------------------------------------------- 7: the run folder
+
+
+def test_resuming_with_another_model_is_refused_before_writing(tmp_path, env, preempted):
+    from ada import setup
+
+    _, src = preempted
+    wd = tmp_path / "run"
+    shutil.copytree(src, wd)
+    before = tree_hash(wd)
+    r = run(wd, env, "--config.model.preset=small")
+    assert r.returncode == 2, r.stderr[-3000:]
+    (line,) = lines(r.stderr)
+    assert line.startswith(f"error: {wd} was trained with model.preset='tiny'; this command has "
+                           "model.preset='small'")
+    assert "--force_config" in line and "another --workdir" in line
+    assert tree_hash(wd) == before  # nothing written: config.json, metrics, checkpoints
+    run_ = setup.load_run(str(wd))  # what ada.evaluate and ada-serve load still loads
+    assert run_.step is not None and run_.model_cfg.hidden_size == 64
+
+
+def test_bad_data_is_one_line_naming_the_knob_and_leaves_no_workdir(tmp_path, env):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"problem": "What is 1+1?", "solution": "2"}\n')
+    wd = tmp_path / "new" / "run"
+    r = subprocess.run([sys.executable, "-m", "ada.runner", "--config.data.source=jsonl",
+                        f"--config.data.train_path={data}", "--config.warmstart.enabled=false",
+                        "--workdir", str(wd)], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 2, r.stderr[-3000:]
+    (line,) = lines(r.stderr)
+    assert "missing column 'answer'" in line and "--config.data.answer_key" in line
+    assert "RecordFormat" not in line
+    assert not (tmp_path / "new").exists()
+
+
+# ----------------------------------------------------------------------------- 8: misuse
+
+
+def test_hf_export_files_are_readable_by_others(tmp_path):
+    import jax
+
+    from ada.export import export_hf
+    from ada.models import init_params, preset
+    from ada.tokenizer import load_tokenizer, train_sentencepiece
+
+    train_sentencepiece([f"What is {i} + {i}? {2 * i}" for i in range(200)], 40,
+                        str(tmp_path / "sp.model"))
+    tok = load_tokenizer(str(tmp_path / "sp.model"))
+    cfg = preset("tiny", vocab_size=tok.vocab_size)
+    umask = os.umask(0o022)
+    try:
+        export_hf(init_params(cfg, jax.random.key(0)), cfg, tok, tmp_path / "hf")
+    finally:
+        os.umask(umask)
+    modes = {f: oct(os.stat(tmp_path / "hf" / f).st_mode & 0o777)
+             for f in os.listdir(tmp_path / "hf")}
+    assert modes["model.safetensors"] == "0o644" and set(modes.values()) == {"0o644"}, modes
+
+
+class _Chars:
+    eos_ids, pad_id, bos_id = (511,), 0, None
+
+    def encode(self, text):
+        return [1 + ord(c) % 26 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(97 + (i - 1) % 26) for i in ids)
+
+
+def test_serve_refuses_a_too_long_prompt_naming_the_limit():
+    import grpc
+    import jax
+    from jetstream.core.proto import jetstream_pb2 as pb
+    from jetstream.core.proto import jetstream_pb2_grpc as rpc
+    from test_serve import free_port
+
+    from ada.models import init_params, preset
+    from ada.sampling.engine import Engine
+    from ada.sampling.samplers import SamplingConfig
+    from ada.sampling.serving import serve
+
+    config = preset("tiny")
+    engine = Engine(config, num_slots=2, max_prompt_len=16, max_new_tokens=4,
+                    sampling=SamplingConfig(temperature=0.0), eos_ids=(511,),
+                    slot_bucketing=False, max_prefill_rows=1)
+    port = free_port()
+    server = serve(engine, init_params(config, jax.random.key(0)), _Chars(), "127.0.0.1", port)
+    try:
+        stub = rpc.OrchestratorStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        for req in (pb.DecodeRequest(text_content=pb.DecodeRequest.TextContent(text="x" * 40),
+                                     max_tokens=4),
+                    pb.DecodeRequest(token_content=pb.DecodeRequest.TokenContent(
+                        token_ids=list(range(1, 31))), max_tokens=4)):
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.Decode(req, timeout=60))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "at most 16" in e.value.details() and "--truncate=left" in e.value.details()
+    finally:
+        server.stop()
+
+
+def test_checkpoint_loads_print_no_orbax_warning(preempted, caplog):
+    import logging
+
+    from ada.checkpoint import Checkpointer
+
+    _, wd = preempted
+    with caplog.at_level(logging.WARNING):
+        Checkpointer(str(wd / "checkpoints")).restore_params()
+    assert not [r for r in caplog.records if "Metadata file" in r.getMessage()]
+
+
+def test_text_the_tokenizer_cannot_read_is_warned_once(tmp_path, preempted, capsys, caplog):
+    import logging
+
+    from ada import config as C
+    from ada import setup
+    from ada.cli import eval as eval_cli
+
+    _, wd = preempted
+    gsm = "Natalia sold clips to 48 of her friends in April, and then she sold half as many."
+    bench = tmp_path / "gsm.jsonl"
+    bench.write_text("".join(json.dumps({"id": f"g{i}", "problem": gsm, "answer": "72"}) + "\n"
+                             for i in range(3)))
+    assert eval_cli.main(["--workdir", str(wd), "--benchmark", str(bench), "--samples", "1",
+                          "--pass_k", "1", "--max_prompt_len", "128"]) == 0
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if "unknown to the tokenizer" in ln]
+    assert len(warned) == 1 and warned[0].startswith("warning: ") and "%" in warned[0]
+
+    # training: held-out prompts from the benchmark, with the run's own tokenizer
+    cfg = C.load_run_config(str(wd))
+    tok = setup.load_run(str(wd)).tokenizer
+    cfg.tokenizer.path = tok.path
+    cfg.data.source, cfg.data.train_path, cfg.data.eval_path = "jsonl", str(bench), str(bench)
+    cfg.data.max_prompt_len, cfg.data.prompts_per_step = 128, 2
+    with caplog.at_level(logging.WARNING, logger="ada.setup"):
+        setup.build(cfg)
+    said = [r.getMessage() for r in caplog.records if "unknown to the tokenizer" in r.getMessage()]
+    assert len(said) == 2 and "training prompts" in said[0] and "held-out prompts" in said[1]

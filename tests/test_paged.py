@@ -1,0 +1,471 @@
+"""Paged KV cache and ragged paged attention (docs/paged.md): the host allocator's
+invariants, paged attention against dense attention and the Pallas kernel's own reference,
+whole-model paged decode against ada.models.transformer's dense cached forward (identical
+greedy tokens, logits within 1e-5, float32) with shared prefixes, slots that finish
+mid-chunk and are refilled, and a pool that runs out of pages; the kernel path compiled for
+v5e through libtpu; the planner's slots at mean fill."""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ada.models import forward, init_cache, param_shapes, positions_from_mask, preset
+from ada.models.known import known
+from ada.models.paged_attention import (
+    attention_gather,
+    init_pages,
+    kernel_read_bytes,
+    page_bytes,
+    tuned_blocks,
+    write_kv,
+    write_positions,
+)
+from ada.sampling.paged import PagedEngine, PagedState, generate_fn
+from ada.sampling.pages import OutOfPages, PageAllocator, grow_or_preempt, slots_that_fit
+from ada.sampling.samplers import SamplingConfig
+
+FAMILIES = ("qwen2", "qwen3", "llama")
+TOL = 1e-5
+GREEDY = SamplingConfig(temperature=0.0)
+NUM_PAGES_SMALL = 9
+_forward = jax.jit(forward, static_argnums=1)
+
+
+def random_params(config, seed=0):
+    """normal(0, 0.1) weights, norms 1 + normal(0, 0.1): every tensor matters."""
+    rng = np.random.default_rng(seed)
+
+    def draw(path, shape):
+        x = 0.1 * rng.standard_normal(shape)
+        return jnp.asarray(x + 1.0 if path[-1].key.endswith("norm") else x, jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(draw, param_shapes(config),
+                                            is_leaf=lambda x: isinstance(x, tuple))
+
+
+def dense_greedy(params, config, prompts, steps):
+    """Greedy decoding with the dense KVCache (transformer.forward, left-padded prompts):
+    tokens [R, steps] and logits [R, steps, V] (row i's distribution of token i)."""
+    R, P = len(prompts), max(len(p) for p in prompts)
+    tokens, mask = np.zeros((R, P), np.int32), np.zeros((R, P), bool)
+    for i, p in enumerate(prompts):
+        tokens[i, P - len(p):], mask[i, P - len(p):] = p, True
+    cache = init_cache(config, R, P + steps)
+    logits, cache = _forward(params, config, tokens, positions_from_mask(mask), mask, cache)
+    last, pos, out_t, out_l = logits[:, -1], mask.sum(1).astype(np.int32), [], []
+    for _ in range(steps):
+        out_l.append(np.asarray(last))
+        tok = jnp.argmax(last, -1).astype(jnp.int32)
+        out_t.append(np.asarray(tok))
+        logits, cache = _forward(params, config, tok[:, None], pos[:, None],
+                                 np.ones((R, 1), bool), cache)
+        last, pos = logits[:, 0], pos + 1
+    return np.stack(out_t, 1), np.stack(out_l, 1)
+
+
+def dense_attention(q_BxTxHxHd, k_BxSxKxHd, v_BxSxKxHd, q_pos_BxT):
+    """Plain causal attention over a dense per-slot cache (the layout-free reference)."""
+    B, T, H, Hd = q_BxTxHxHd.shape
+    K = k_BxSxKxHd.shape[2]
+    q = q_BxTxHxHd.reshape(B, T, K, H // K, Hd)
+    s = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKxHd) / np.sqrt(Hd)
+    allowed = np.arange(k_BxSxKxHd.shape[1])[None, None] <= q_pos_BxT[:, :, None]
+    s = jnp.where(allowed[:, None, None], s, -jnp.inf)
+    return jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(s, -1), v_BxSxKxHd).reshape(B, T, -1)
+
+
+# ----------------------------------------------------------------------------- allocator
+
+
+def test_allocator_shares_prefix_pages_and_copies_the_partial_one():
+    a = PageAllocator(num_pages=32, page_size=4, num_slots=4, pages_per_slot=8)
+    pp = a.alloc_prompt(10)  # pages 1, 2 full, 3 partial
+    assert pp.pages == [1, 2, 3]
+    copies = [a.attach(s, pp, lookahead=3) for s in range(3)]
+    a.check()
+    assert all(a.table[s, :2].tolist() == [1, 2] for s in range(3))  # shared, not copied
+    assert a.refcount[[1, 2, 3]].tolist() == [4, 4, 1]
+    assert [c[0][0] for c in copies] == [3, 3, 3]  # each sample copies the partial page
+    assert len({c[0][1] for c in copies}) == 3  # ... into a page of its own
+    a.release_prompt(pp)
+    a.check()
+    assert a.refcount[3] == 0 and a.refcount[1] == 3
+    for s in range(3):
+        a.free(s)
+    a.check()
+    assert a.free_pages() == 31  # everything back but the null page
+    b = PageAllocator(32, 4, 4, 8)
+    assert b.attach(0, b.alloc_prompt(8)) == []  # a whole-page prompt copies nothing
+
+
+def test_allocator_is_all_or_nothing_and_deterministic():
+    def run():
+        a = PageAllocator(num_pages=8, page_size=4, num_slots=4, pages_per_slot=8)
+        pp = a.alloc_prompt(6)
+        a.attach(0, pp, lookahead=4)  # pages for 10 tokens: 1 shared + 2 own; 3 left
+        before = (a.table.copy(), a.refcount.copy(), a.free_pages())
+        with pytest.raises(OutOfPages):
+            a.attach(1, pp, lookahead=20)
+        assert not a.grow(0, 32)
+        assert (a.table == before[0]).all() and (a.refcount == before[1]).all()
+        assert a.free_pages() == before[2] == 3
+        with pytest.raises(ValueError):
+            a.grow(0, 33)  # past a slot's row: a caller's bug, not a full pool
+        assert a.can_admit(6, 4, prefilled=True) and not a.can_admit(6, 20, prefilled=True)
+        assert a.can_admit(6, 20, prefilled=True, lookahead=4)  # admission by expected fill
+        assert not a.can_admit(6, 4)  # its own prompt pages too: 4 > 3
+        a.check()
+        return a.table.copy()
+
+    assert (run() == run()).all()
+
+
+def test_random_operations_keep_the_invariants():
+    rng = np.random.default_rng(0)
+    a = PageAllocator(num_pages=48, page_size=4, num_slots=6, pages_per_slot=10, shards=2)
+    prompts, order = [], {}
+    for step in range(400):
+        op = rng.integers(4)
+        busy = [s for s in range(6) if a.num_held[s]]
+        if op == 0:
+            try:
+                prompts.append(a.alloc_prompt(int(rng.integers(1, 20)), int(rng.integers(2))))
+            except OutOfPages:
+                pass
+        elif op == 1 and prompts:
+            pp = prompts[rng.integers(len(prompts))]
+            slot = next((s for s in range(6) if not a.num_held[s] and a.shard_of(s) == pp.shard),
+                        None)
+            if slot is not None:
+                try:
+                    a.attach(slot, pp, lookahead=int(rng.integers(0, 8)))
+                    order[slot] = step
+                except OutOfPages:
+                    pass
+        elif op == 2 and busy:
+            demands = {s: min(int(a.num_held[s]) * 4 + int(rng.integers(0, 9)), 40) for s in busy}
+            kept = {s: a.table[s, :a.num_held[s]].copy() for s in busy}
+            victims = grow_or_preempt(a, demands, order)
+            for s in busy:
+                if s in victims:
+                    assert a.num_held[s] == 0
+                else:  # survivors keep every page they had and get what they asked for
+                    assert (a.table[s, :len(kept[s])] == kept[s]).all()
+                    assert a.num_held[s] * 4 >= demands[s]
+        elif op == 3:
+            if busy and rng.random() < 0.7:
+                a.free(busy[rng.integers(len(busy))])
+            elif prompts:
+                a.release_prompt(prompts.pop(rng.integers(len(prompts))))
+        a.check()
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+@jax.jit
+def _write_all(pool, table, start, count, k, v):
+    page, off = write_positions(table, start, count, k.shape[1], pool.shape[1], pool.shape[0])
+    return write_kv(pool, k, v, page, off)
+
+
+def _paged_copy(rng, alloc, lengths, shared_len, K, Hd, pool):
+    """Random dense k/v per slot, slots 0 and 1 sharing their first shared_len tokens (a
+    prompt prefilled once: its full pages shared, the partial one copied), laid into pages
+    through the allocator and write_kv. Returns (pool, k [B, S, K, Hd], v)."""
+    B, S = len(lengths), max(lengths)
+    k = rng.standard_normal((B, S, K, Hd)).astype(np.float32)
+    v = rng.standard_normal((B, S, K, Hd)).astype(np.float32)
+    k[1, :shared_len], v[1, :shared_len] = k[0, :shared_len], v[0, :shared_len]
+    pp = alloc.alloc_prompt(shared_len)
+    table = np.zeros((B, alloc.pages_per_slot), np.int32)
+    table[0, :len(pp.pages)] = pp.pages
+    pool = _write_all(pool, table, np.zeros(B, np.int32), np.array([shared_len] + [0] * (B - 1)),
+                      k, v)
+    start = np.array([shared_len] * 2 + [0] * (B - 2), np.int32)
+    for s in range(B):
+        if s < 2:
+            (src, dst), = alloc.attach(s, pp, lookahead=lengths[s] - shared_len)
+            pool = pool.at[dst].set(pool[src])
+        else:
+            assert alloc.grow(s, lengths[s])
+    alloc.release_prompt(pp)
+    shift = lambda x: np.stack([np.roll(x[b], -start[b], 0) for b in range(B)])  # from start
+    pool = _write_all(pool, alloc.table, start, np.asarray(lengths) - start, shift(k), shift(v))
+    return pool, k, v
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_paged_attention_equals_dense_attention(family):
+    c = preset("tiny", family=family)
+    H, K, Hd = c.num_heads, c.num_kv_heads, c.head_dim
+    rng = np.random.default_rng(1)
+    alloc = PageAllocator(num_pages=64, page_size=4, num_slots=5, pages_per_slot=8)
+    lengths = [13, 22, 1, 7, 32]  # ragged; slots 0 and 1 share 10 tokens (2 pages + 2)
+    pool, k, v = _paged_copy(rng, alloc, lengths, 10, K, Hd, init_pages(c, 64, 4)[0])
+    alloc.check()
+    assert alloc.table[0, :2].tolist() == alloc.table[1, :2].tolist()
+    for T in (1, 3):  # decode, and T queries per slot (the last T of each sequence)
+        q = jnp.asarray(rng.standard_normal((5, T, H, Hd)), jnp.float32)
+        start = np.asarray([max(n - T, 0) for n in lengths], np.int32)
+        got = jax.jit(attention_gather)(q, pool, alloc.table, start)
+        want = dense_attention(q, k, v, start[:, None] + np.arange(T))
+        live = np.arange(T)[None] < np.asarray(lengths)[:, None]
+        assert np.abs(np.asarray(got - want))[live].max() < TOL
+
+
+def test_gather_path_equals_the_kernel_reference():
+    """Same layout and contract as jax's ragged_paged_attention (its pure-JAX reference)."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
+
+    rng = np.random.default_rng(2)
+    B, H, K, Hd, ps, P = 4, 8, 2, 32, 8, 40
+    q = jnp.asarray(rng.standard_normal((B, H, Hd)), jnp.float32)
+    pages = jnp.asarray(rng.standard_normal((P, ps, 2 * K, Hd)), jnp.float32)
+    lens = np.array([5, 17, 1, 40], np.int32)
+    table = jnp.asarray(rng.integers(1, P, (B, 5)), jnp.int32)
+    got = jax.jit(attention_gather)(q[:, None], pages, table, lens - 1)[:, 0]
+    want = jax.jit(lambda q, p, t: ref_ragged_paged_attention(  # lengths concrete: its loop
+        q, p, lens, t, np.arange(B + 1, dtype=np.int32), np.array([B], np.int32),
+        sm_scale=Hd ** -0.5))(q, pages, table)
+    np.testing.assert_allclose(got, want.reshape(B, -1), atol=TOL)
+
+
+# ----------------------------------------------------------------------------- the model
+
+# Requests (prompt index, max new tokens) of the model tests: prompt 0 is sampled four
+# times, max_new is rarely a multiple of the chunk, so slots finish mid-chunk.
+PROMPT_LENS = (9, 4, 14, 6)
+REQUESTS = [(0, 11), (1, 6), (0, 13), (2, 5), (3, 14), (0, 3), (2, 9), (1, 12)]
+_SETUPS: dict = {}
+
+
+def setup_family(family):
+    """Config, params, one PagedEngine and the dense model's greedy answers, per family
+    (shared by the tests: each shape compiles once; attention windows on one family)."""
+    if family not in _SETUPS:
+        c = preset("tiny", family=family)
+        params = random_params(c, seed=5)
+        rng = np.random.default_rng(6)
+        base = [rng.integers(1, c.vocab_size, n).tolist() for n in PROMPT_LENS]
+        steps = max(m for _, m in REQUESTS)
+        tokens, logits = dense_greedy(params, c, [base[p] for p, _ in REQUESTS], steps)
+        lp = np.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[..., None], -1)[..., 0]
+        eng = PagedEngine(c, num_slots=4, num_pages=64, page_size=4, pages_per_slot=8,
+                          sampling=GREEDY, chunk_size=4, min_prompt_bucket=16,
+                          max_prefill_rows=1, num_windows=2 if family == "qwen2" else 1)
+        _SETUPS[family] = dict(config=c, params=params, base=base, engine=eng, tokens=tokens,
+                               logits=logits, logprobs=lp)
+    return _SETUPS[family]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_paged_decode_equals_dense_decode(family):
+    """Four slots in lockstep: the same greedy tokens as the dense cache, log-probs at
+    every step and full logits at every chunk boundary within 1e-5; prompt 0 is prefilled
+    once and its full pages referenced by two samples."""
+    f = setup_family(family)
+    eng, params, base = f["engine"], f["params"], f["base"]
+    reqs = [0, 2, 1, 3]  # requests 0 and 2 share prompt 0
+    alloc = PageAllocator(eng.num_pages, eng.page_size, eng.num_slots, eng.pages_per_slot)
+    state = eng.init_state()
+    handles, logits = {}, {}
+    for p in sorted({REQUESTS[r][0] for r in reqs}):
+        handles[p] = alloc.alloc_prompt(len(base[p]))
+        state, logits[p] = eng.prefill(params, state, [base[p]], [handles[p]])
+    for slot, r in enumerate(reqs):
+        p, m = REQUESTS[r]
+        copies = alloc.attach(slot, handles[p], lookahead=m)
+        state = eng.attach(state, logits[p], copies, [slot], [0], [len(base[p])],
+                           jax.random.PRNGKey(0), [r], [0], [m])
+    for h in handles.values():
+        alloc.release_prompt(h)  # the slots keep the pages they reference
+    alloc.check()
+    assert alloc.refcount[alloc.table[0, :2]].tolist() == [2, 2]  # shared, not copied
+    out_t, out_lp, max_logit_diff = [[] for _ in reqs], [[] for _ in reqs], 0.0
+    for step in range(0, max(REQUESTS[r][1] for r in reqs), eng.chunk_size):
+        live = [s for s, r in enumerate(reqs) if step < REQUESTS[r][1]]
+        for s in live:  # the logits the next token is drawn from
+            d = np.abs(np.asarray(state.logits[s]) - f["logits"][reqs[s], step]).max()
+            max_logit_diff = max(max_logit_diff, d)
+        filled = max(len(base[REQUESTS[reqs[s]][0]]) + step for s in live)
+        state, chunk = eng.generate(params, state, alloc.table, filled)
+        for s in range(len(reqs)):
+            out_t[s] += np.asarray(chunk.tokens[s])[np.asarray(chunk.valid[s])].tolist()
+            out_lp[s] += np.asarray(chunk.logprobs[s])[np.asarray(chunk.valid[s])].tolist()
+    for s, r in enumerate(reqs):
+        m = REQUESTS[r][1]
+        np.testing.assert_array_equal(out_t[s], f["tokens"][r, :m])
+        assert np.abs(np.asarray(out_lp[s]) - f["logprobs"][r, :m]).max() < TOL
+    assert max_logit_diff < TOL, max_logit_diff
+
+
+def run_paged(eng, alloc, params, requests, lookahead):
+    """The driver loop over pages (docs/paged.md): admit FIFO while can_admit (else defer),
+    prefill each new prompt once and attach its samples, grow every running slot for the
+    chunk or preempt the youngest (requeued at the front, restarted from scratch), run the
+    chunk, free finished slots. Checks the allocator after every round, and that no shared
+    prompt page changes after its prefill. Returns ({request: (tokens, logprobs)},
+    preemptions)."""
+    K = eng.chunk_size
+    queue = collections.deque(enumerate(requests))
+    state, slots, order, done, prompts = eng.init_state(), {}, {}, {}, {}
+    preempted, admitted, rounds = 0, 0, 0
+    while queue or slots:
+        rounds += 1
+        assert rounds < 200, "no progress"
+        free = [s for s in range(eng.num_slots) if s not in slots]
+        starts = []
+        while queue and free:
+            i, (prompt, mnt) = queue[0]
+            key = tuple(prompt)
+            if not alloc.can_admit(len(prompt), mnt, prefilled=key in prompts,
+                                   lookahead=lookahead):
+                if slots or not any(k != key for k in prompts):
+                    break  # deferred: stays queued until pages come back
+                for k in [k for k in prompts if k != key]:  # nothing runs: evict cached
+                    alloc.release_prompt(prompts.pop(k)[0])  # prompts, prefill again later
+                continue
+            queue.popleft()
+            if key not in prompts:  # prefill once; keep its pages' content to compare
+                pp = alloc.alloc_prompt(len(prompt))
+                state, logits = eng.prefill(params, state, [prompt], [pp])
+                prompts[key] = (pp, logits, [np.asarray(p)[pp.pages] for p in state.pages])
+            slot = free.pop(0)
+            ahead = mnt if lookahead is None else min(lookahead, mnt)
+            starts.append((slot, i, key, mnt, alloc.attach(slot, prompts[key][0], ahead)))
+            slots[slot] = dict(req=i, n=len(prompt), cap=len(prompt) + mnt, tokens=[], lps=[])
+            order[slot], admitted = admitted, admitted + 1
+        for slot, i, key, mnt, copies in starts:
+            state = eng.attach(state, prompts[key][1], copies, [slot], [0], [len(key)],
+                               jax.random.PRNGKey(0), [i], [0], [mnt])
+        for key in [k for k in prompts if all(tuple(r[0]) != k for _, r in queue)]:
+            alloc.release_prompt(prompts.pop(key)[0])  # no queued request needs it
+        demands = {s: min(v["n"] + len(v["tokens"]) + K, v["cap"]) for s, v in slots.items()}
+        victims = grow_or_preempt(alloc, demands, order)
+        if victims:
+            state = eng.stop(state, victims)
+            for s in victims:  # back to the front of the queue, oldest first
+                v = slots.pop(s)
+                queue.appendleft((v["req"], requests[v["req"]]))
+            preempted += len(victims)
+        alloc.check()
+        if not slots:
+            continue
+        filled = max(v["n"] + len(v["tokens"]) for v in slots.values())
+        state, chunk = eng.generate(params, state, alloc.table, filled)
+        tokens, lps, valid, active = jax.device_get(
+            (chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
+        for s in sorted(slots):
+            slots[s]["tokens"] += tokens[s][valid[s]].tolist()
+            slots[s]["lps"] += lps[s][valid[s]].tolist()
+            if not active[s]:
+                v = slots.pop(s)
+                done[v["req"]] = (v["tokens"], v["lps"])
+                alloc.free(s)
+        for pp, _, snap in prompts.values():  # shared prompt pages are read-only
+            for p, before in zip(state.pages, snap, strict=True):
+                np.testing.assert_array_equal(np.asarray(p)[pp.pages], before)
+    alloc.check()
+    assert alloc.free_pages() == alloc.num_pages - 1  # every page came back
+    return done, preempted
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_continuous_batching_and_running_out_of_pages(family):
+    """Continuous batching over pages equals dense greedy decoding request by request:
+    slots finish mid-chunk and are refilled with the freed pages (full reservation: never
+    preempts); then with a pool of 8 usable pages admitted by expected fill (a chunk of
+    lookahead), requests are deferred and the youngest preempted, and every request still
+    comes out exactly as the dense model's."""
+    f = setup_family(family)
+    requests = [(f["base"][p], m) for p, m in REQUESTS]
+    eng = f["engine"]
+    for num_pages, lookahead in ((eng.num_pages, None), (NUM_PAGES_SMALL, 4)):
+        # the small pool: the allocator hands out only the first pages of the engine's
+        alloc = PageAllocator(num_pages, 4, 4, 8, watermark=1 if lookahead else 0)
+        done, preempted = run_paged(eng, alloc, f["params"], requests, lookahead)
+        assert sorted(done) == list(range(len(requests)))
+        for i, (_, m) in enumerate(requests):
+            np.testing.assert_array_equal(done[i][0], f["tokens"][i, :m])
+            assert np.abs(np.asarray(done[i][1]) - f["logprobs"][i, :m]).max() < TOL
+        assert (preempted > 0) == (lookahead is not None), preempted
+
+
+# ----------------------------------------------------------------------------- TPU and planning
+
+
+def test_kernel_path_compiles_for_v5e():
+    """A paged decode step with the Pallas kernel compiles for v5e through libtpu (ahead of
+    time, abstract chips), with a pool the size of the 1.5B preset's per-chip cache (80
+    slots x 3,072 positions, 1 KV head, page 32) on a 1-layer model: no copy or transpose
+    of a pool-sized buffer, the write in place (aliased), one kernel call per layer. The
+    kernel's reads are counted from its pages (the compiler's cost analysis cannot see
+    them)."""
+    import functools
+    import re
+
+    from ada import tpu
+    from ada.models.transformer import decode_params
+
+    try:
+        devices, _ = tpu.tpu_devices("v5e:2x2")
+    except tpu.SliceError as e:
+        pytest.skip(f"libtpu is not usable here: {e}")
+    c = known("qwen2.5-math-1.5b").replace(
+        hidden_size=256, num_heads=6, num_kv_heads=1, intermediate_size=512, vocab_size=4096,
+        num_layers=1, dtype="bfloat16", param_dtype="bfloat16")
+    B, ps, pps = 80, 32, 96
+    P = B * pps + 1
+    blocks = tuned_blocks(c, ps, B, pps)
+    assert blocks == (16, 32)  # the table's (96, 32) for v5e, page block capped at 16
+    mesh = jax.sharding.Mesh(np.array(devices[:1]), ("x",))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    A = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+    params = jax.tree.map(lambda x: A(x.shape, x.dtype), jax.eval_shape(
+        lambda: decode_params(jax.tree.map(lambda s: jnp.zeros(s, jnp.bfloat16), param_shapes(c),
+                                           is_leaf=lambda x: isinstance(x, tuple)), c)))
+    i32 = A((B,), jnp.int32)
+    state = PagedState(pages=(A((P, ps, 2, 128), jnp.bfloat16),), lengths=i32,
+                       logits=A((B, c.vocab_size), jnp.float32), generated=i32, max_new=i32,
+                       active=A((B,), bool), keys=A((B, 2), jnp.uint32))
+    fn = jax.jit(functools.partial(generate_fn, config=c, sampling=SamplingConfig(), eos_ids=(0,),
+                                   num_steps=1, attention="kernel", blocks=blocks),
+                 donate_argnums=(1,))
+    with jax.set_mesh(mesh):  # the kernel lowers for the mesh's (TPU) devices
+        compiled = fn.lower(params, state, A((B, pps), jnp.int32)).compile()
+    hlo = compiled.as_text()
+    pool = f"[{P},{ps},2,128]"
+    copies = [line for line in hlo.splitlines() if pool in line
+              and re.search(r"= \S+ (copy|copy-start|transpose)\(", line)]
+    assert not copies, copies[:3]
+    assert hlo.count("ragged_paged_attention_kernel") >= 1
+    pool_bytes = P * ps * 2 * 128 * 2
+    assert compiled.memory_analysis().alias_size_in_bytes >= pool_bytes  # written in place
+    one_page = page_bytes(c, ps)
+    full = kernel_read_bytes([3072] * B, ps, blocks[0], one_page)
+    assert full == B * pps * one_page  # the whole window: every page once
+    assert kernel_read_bytes([700] * B, ps, blocks[0], one_page) == B * 32 * one_page
+
+
+def test_slots_that_fit_at_mean_fill():
+    """The KV budget per chip that the README's 'most that fit' slot counts give the
+    1.5B (v5e:2x2, sampling.mesh (2, 2)) and 7B (v5e:4x4, (1, 4)) presets, spent on pages
+    at a planned mean fill instead of every slot reserving 1,024 + 2,048 positions: at
+    least 2x the slots per host (docs/paged.md has the numbers and assumptions)."""
+    for name, most, (data, tensor) in (("qwen2.5-math-1.5b", 312, (2, 2)),
+                                       ("qwen2.5-math-7b", 116, (1, 4))):
+        c = known(name)
+        token_bytes = page_bytes(c, 1, kv_head_shards=tensor)
+        assert token_bytes == 28 * 2 * 128 * 2  # one KV head per chip, bf16, 28 layers
+        budget = most // data * (3072 * token_bytes + 3 * 4 * c.vocab_size / tensor)
+        fit = slots_that_fit(c, budget, 32, mean_response_len=1024, prompt_len=256,
+                             max_response_len=2048, max_prompt_len=1024, samples_per_prompt=8,
+                             kv_head_shards=tensor, slot_shards=data)
+        assert fit["worst_case_slots"] == most
+        assert fit["mean_fill_slots"] >= 2 * most, fit
