@@ -115,7 +115,8 @@ def run(config, args, command: str) -> int:
         distributed.await_verdict(e)  # a lost process ends this one with its own line
         raise
     finally:
-        preemption.uninstall()
+        if preemption.signum is None:  # after a stop, a second signal still exits at once
+            preemption.uninstall()
     if summary.get("stopped"):
         if distributed.is_main():
             where = (f"checkpoint {summary['checkpoint']}" if summary["checkpoint"] else
