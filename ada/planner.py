@@ -16,8 +16,16 @@ compile past HBM fails and its error names the peak); `held`, the train state th
 the chip beside the reshard, prefill and generate (a phase fits when peak + held does);
 max_num_slots, the most slots whose sampler (weights + KV cache + generate temp) fits a chip
 beside that state (`max_slots`); and an ESTIMATE, the roofline lower bound on time from the
-compiler's flops and bytes accessed over the chip's peak FLOP/s and HBM bandwidth (XLA counts
-a loop body once, so from loop-free probes: `train_probe`, and one decode step x chunk_size).
+compiler's flops and bytes over the chip's peak FLOP/s and HBM bandwidth (XLA counts a loop
+body once, so from loop-free probes: `train_probe`, and one decode step x chunk_size).
+
+Decode and prefill bytes are put beside their analytic floor (`decode_floor`,
+`prefill_floor`: the weights read once, the KV cache read at the planned fill or written, the
+logits): the program's HBM bytes, op by op through XLA's cost model with each operand in
+the memory space its layout names (`ada.hlo_bytes`; the compiler's own `bytes accessed` also
+counts the TPU's on-chip staging, two or three times per staged byte), their ratio to the
+floor, and the estimate charges the larger of floor and HBM bytes. `--explain N` lists the
+N heaviest op groups of both programs, so a regression shows where its bytes go.
 
 Exit status: 0 every phase fits (or no HBM to compare with), 1 some phase does not (the JSON
 is written), 2 a user error, one `error: ...` line and nothing written: before anything
@@ -47,6 +55,7 @@ from ada import config as cfglib
 from ada import setup
 from ada import sharding as shd
 from ada.config import ConfigError
+from ada.hlo_bytes import EXPLAIN_GROUPS, group_ops, hlo_op_bytes
 from ada.models.hf_config import CheckpointError, read_config
 from ada.models.known import KNOWN, known
 from ada.rl import train as rl
@@ -121,10 +130,12 @@ def with_shardings(tree, shardings):
                         tree, shardings)
 
 
-def compile_phase(lowered, arguments: int) -> dict:
+def compile_phase(lowered, arguments: int, ops: bool = False) -> dict:
     """One device's buffers and costs. The peak is the TPU compiler's own (XLA:CPU's leaves
     temp out: there, arguments + outputs + temp - aliased). A TPU compile past HBM raises:
-    its error gives the peak and the compiler's HBM limit, the shardings the arguments."""
+    its error gives the peak and the compiler's HBM limit, the shardings the arguments.
+    `ops`: also the optimized program's bytes op by op (`hlo_op_bytes`): `hbm_bytes`, their
+    sum outside on-chip memory, and `ops`, the heaviest op groups."""
     t0 = time.perf_counter()
     try:
         compiled = lowered.compile()
@@ -138,11 +149,16 @@ def compile_phase(lowered, arguments: int) -> dict:
     ma, ca = compiled.memory_analysis(), compiled.cost_analysis() or {}
     a, o, t, al = (ma.argument_size_in_bytes, ma.output_size_in_bytes, ma.temp_size_in_bytes,
                    ma.alias_size_in_bytes)
-    return dict(arguments_bytes=a, outputs_bytes=o, temp_bytes=t, aliased_bytes=al,
-                peak_bytes=ma.peak_memory_in_bytes if next(iter(jax.tree.leaves(
-                    compiled.input_shardings)[0].device_set)).platform == "tpu" else a + o + t - al,
-                flops=float(ca.get("flops", 0)), bytes_accessed=float(ca.get("bytes accessed", 0)),
-                compile_s=round(time.perf_counter() - t0, 1))
+    fig = dict(arguments_bytes=a, outputs_bytes=o, temp_bytes=t, aliased_bytes=al,
+               peak_bytes=ma.peak_memory_in_bytes if next(iter(jax.tree.leaves(
+                   compiled.input_shardings)[0].device_set)).platform == "tpu" else a + o + t - al,
+               flops=float(ca.get("flops", 0)), bytes_accessed=float(ca.get("bytes accessed", 0)))
+    if ops:
+        table = hlo_op_bytes(compiled.as_text())
+        fig.update(hbm_bytes=float(sum(r["hbm_bytes"] for r in table)),
+                   hbm_loop_bytes=float(sum(r["hbm_bytes"] for r in table if r["loop"])),
+                   ops=group_ops(table)[:EXPLAIN_GROUPS])
+    return dict(fig, compile_s=round(time.perf_counter() - t0, 1))
 
 
 def abstract_batch(rows: int, seq_len: int, train_cfg, lead: tuple = (), sharding=None) -> dict:
@@ -232,24 +248,66 @@ def plan_reshard(engine, stacked, train_mesh) -> dict:
                 shape="params -> sampler weights")
 
 
-def plan_prefill(engine, params) -> dict:
-    """The engine's jitted prefill (its host arrays arrive replicated)."""
+def weights_read(params) -> int:
+    """Bytes per device one forward reads of the weights: all of them, but an embedding
+    beside an `lm_head` only for the rows it gathers (left out: a few rows)."""
+    return device_bytes({k: v for k, v in params.items() if k != "embed" or "lm_head" not in params})
+
+
+def decode_floor(engine, params, window: int) -> dict:
+    """The least HBM traffic of one decode step per device (bytes): the weights read once,
+    every slot's keys and values read once up to `window` (the planned fill), and the
+    [slots, V] float32 logits written once and read once by the sampler."""
+    state = with_shardings(jax.eval_shape(engine.init_decode_state), engine.state_shardings())
+    floor = dict(weights=weights_read(params),
+                 kv=device_bytes((state.cache.k, state.cache.v)) * window // engine.cache_len,
+                 logits=2 * device_bytes(state.logits))
+    return dict(floor, total=sum(floor.values()), window=window)
+
+
+def prefill_floor(engine, params, rows: int, prompt_len: int) -> dict:
+    """The least HBM traffic of one prefill call per device (bytes): the weights read once,
+    the [rows, prompt_len] keys and values written once (split like the decode cache), and
+    the last position's logits written once."""
+    c, mesh = engine.config, engine.mesh
+    kv_shape = (rows, c.num_kv_heads, prompt_len, c.head_dim)
+    kv = jax.ShapeDtypeStruct(kv_shape, c.compute_dtype, sharding=NamedSharding(
+        mesh, shd.spec_for(("batch", "kv_heads", "seq", "head_dim"), kv_shape, mesh)))
+    logits = jax.ShapeDtypeStruct((rows, c.vocab_size), jnp.float32, sharding=NamedSharding(
+        mesh, shd.spec_for(("batch", "vocab"), (rows, c.vocab_size), mesh)))
+    floor = dict(weights=weights_read(params), kv=2 * c.num_layers * device_bytes(kv),
+                 logits=device_bytes(logits))
+    return dict(floor, total=sum(floor.values()))
+
+
+def plan_prefill(engine, params, ops: bool = False) -> dict:
+    """The engine's jitted prefill (its host arrays arrive replicated). `ops`: with the
+    program's bytes op by op and the floor (for the estimate)."""
     shape = (engine.row_buckets[-1], engine.max_prompt_len)
     tokens, mask = (jax.ShapeDtypeStruct(shape, t, sharding=NamedSharding(engine.mesh, P()))
                     for t in (jnp.int32, bool))
-    fig = compile_phase(engine._prefill.lower(params, tokens, mask), device_bytes(params))
+    fig = compile_phase(engine._prefill.lower(params, tokens, mask), device_bytes(params), ops)
+    if ops:
+        fig["floor"] = prefill_floor(engine, params, *shape)
     return dict(fig, rows=shape[0], prompt_len=shape[1],
                 shape=f"{shape[0]} x {shape[1]} prompt tokens")
 
 
-def plan_generate(engine, params, num_steps: int | None = None) -> dict:
-    """The engine's jitted generate, every slot attending to the whole cache."""
+def plan_generate(engine, params, num_steps: int | None = None, ops: bool = False) -> dict:
+    """The engine's jitted generate, every slot attending to the whole cache. `ops`: with the
+    program's bytes op by op, its HBM bytes per step (the loop's ops once per step, the
+    rest once per chunk: what the chunk does at its boundary counts too) and one step's
+    floor (for the estimate)."""
     state = with_shardings(jax.eval_shape(engine.init_decode_state), engine.state_shardings())
     K = num_steps or engine.chunk_size
     lowered = engine._generate.lower(params, state, num_steps=K, num_slots=engine.num_slots,
                                      window=engine.cache_len)
-    return dict(compile_phase(lowered, device_bytes((params, state))), num_slots=engine.num_slots,
-                steps=K, cache_len=engine.cache_len,
+    fig = compile_phase(lowered, device_bytes((params, state)), ops)
+    if ops and "hbm_bytes" in fig:
+        loop = fig["hbm_loop_bytes"] if K > 1 else 0.0  # one step: no loop left
+        fig.update(floor=decode_floor(engine, params, engine.cache_len),
+                   hbm_bytes_per_step=loop + (fig["hbm_bytes"] - loop) / K)
+    return dict(fig, num_slots=engine.num_slots, steps=K, cache_len=engine.cache_len,
                 shape=f"{engine.num_slots} slots x {K} steps, cache {engine.cache_len}")
 
 
@@ -296,10 +354,39 @@ def max_slots(generate_at, first: dict, step: int, hbm: float) -> tuple[int, str
     return best, how + " (the last check did not fit)", None
 
 
+def step_bytes(fig: dict) -> float:
+    """The bytes a phase's roofline charges to HBM bandwidth: with a floor (decode and prefill),
+    the larger of the floor and the program's HBM bytes (`hlo_op_bytes`); else the compiler's
+    `bytes accessed` (every memory space)."""
+    if "floor" in fig:
+        return max(fig["floor"]["total"], hbm_per_step(fig))
+    return fig["bytes_accessed"]
+
+
+def hbm_per_step(fig: dict) -> float:
+    """A phase's HBM bytes per call (decode: per step, the larger of the one-step probe and
+    the chunk's own per-step figure, `chunk_hbm_bytes_per_step`)."""
+    return max(fig.get("hbm_bytes_per_step", fig.get("hbm_bytes", fig["bytes_accessed"])),
+               fig.get("chunk_hbm_bytes_per_step", 0.0))
+
+
 def roofline_s(fig: dict, chip: str) -> float | None:
     """Seconds at the chip's peak FLOP/s or HBM bandwidth, whichever binds (None: no compile)."""
     peak, _, bandwidth = CHIPS[chip]
-    return max(fig["flops"] / peak, fig["bytes_accessed"] / bandwidth) if "flops" in fig else None
+    return max(fig["flops"] / peak, step_bytes(fig) / bandwidth) if "flops" in fig else None
+
+
+def bytes_vs_floor(fig: dict, chip: str) -> dict:
+    """A phase's bytes beside its floor: the program's HBM bytes, the compiler's count over
+    every memory space, their ratios to the floor, and which of flops and bytes binds."""
+    floor, hbm = fig["floor"]["total"], hbm_per_step(fig)
+    peak, _, bandwidth = CHIPS[chip]
+    return dict(floor_bytes=floor, floor=fig["floor"], hbm_bytes=hbm,
+                probe_hbm_bytes=fig.get("hbm_bytes_per_step", fig.get("hbm_bytes")),
+                chunk_hbm_bytes_per_step=fig.get("chunk_hbm_bytes_per_step"),
+                compiler_bytes=fig["bytes_accessed"], hbm_vs_floor=hbm / floor,
+                compiler_vs_floor=fig["bytes_accessed"] / floor,
+                bound="flops" if fig["flops"] / peak > step_bytes(fig) / bandwidth else "bytes")
 
 
 def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
@@ -311,8 +398,11 @@ def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
                    * p["epochs"] / p["devices"])
     return {"decode_tokens_per_s_per_chip": rate(decode["num_slots"], roofline_s(decode, chip)),
             "decode_num_slots": decode["num_slots"],
+            "decode_bytes": "floor" in decode and bytes_vs_floor(decode, chip) or None,
+            "decode_ops": decode.get("ops"),
             "prefill_tokens_per_s_per_chip": rate(prefill["rows"] * prefill["prompt_len"],
                                                   roofline_s(prefill, chip)),
+            "prefill_bytes": "floor" in prefill and bytes_vs_floor(prefill, chip) or None,
             "train_step_s": train_s,
             "train_mfu": train_s and model_flops / (train_s * CHIPS[chip][0]),
             "reshard_s": roofline_s(p["phases"]["reshard"], chip)}
@@ -351,14 +441,14 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     ph["reshard"] = plan_reshard(setup.make_engine(config, model_cfg, None, mesh_on(first),
                                                    num_slots=engine.num_slots),
                                  stacked, train_mesh)
-    ph["prefill"] = plan_prefill(engine, params)
+    ph["prefill"] = plan_prefill(engine, params, ops=bool(chip))
 
-    def generate_at(slots, steps=None):
+    def generate_at(slots, steps=None, ops=False):
         log(f"compiling generate at {slots} slots{' (one step: the cost probe)' if steps else ''}")
         return plan_generate(setup.make_engine(config, model_cfg, None, sampling_mesh,
-                                               num_slots=slots), params, steps)
+                                               num_slots=slots), params, steps, ops=ops)
 
-    ph["generate"] = generate_at(engine.num_slots)
+    ph["generate"] = generate_at(engine.num_slots, ops=bool(chip))
     ph["prefill"]["held_bytes"] = ph["generate"]["held_bytes"] = held
     ph["reshard"]["held_bytes"] = held - ph["train"]["params_bytes"]  # it reads the params
     if hbm:
@@ -368,31 +458,8 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         p["fits"] = all(fits(f, hbm) for f in ph.values())
     slots = engine.num_slots if fits(ph["generate"], hbm or math.inf) else p["max_num_slots"]
     if chip and slots:
-        p["estimate"] = estimate(p, model_cfg, chip, generate_at(slots, 1))
+        probe = generate_at(slots, 1, ops=True)
+        if slots == engine.num_slots and "hbm_bytes_per_step" in ph["generate"]:
+            probe["chunk_hbm_bytes_per_step"] = ph["generate"]["hbm_bytes_per_step"]
+        p["estimate"] = estimate(p, model_cfg, chip, probe)
     return p
-
-
-def report(p: dict, hbm: float | None) -> str:
-    gib = lambda b: "-" if b is None else f"{b / GIB:.2f}"
-    out = [f"{p['model']} on {p['topology'] or 'CPU'}: {p['devices']} devices, {p['hosts']} "
-           f"host(s) of {p['chips_per_host']}; train mesh {p['train_mesh']}, sampling mesh per "
-           f"host {p['sampling_mesh']}",
-           f"{'GiB/device':47s} {'args':>7s} {'out':>7s} {'temp':>7s} {'peak':>7s} {'+ held':>7s}"]
-    for name, f in p["phases"].items():
-        out.append(f"{name:8s} {f['shape']:38s} {gib(f['arguments_bytes']):>7s} "
-                   f"{gib(f.get('outputs_bytes')):>7s} {gib(f.get('temp_bytes')):>7s} "
-                   f"{gib(f['peak_bytes']):>7s} {gib(f.get('held_bytes')):>7s}"
-                   + ("" if hbm is None else "  fits" if fits(f, hbm) else "  DOES NOT FIT"))
-    if p["max_num_slots"] is not None:
-        out.append(f"max num_slots: {p['max_num_slots']} ({p['max_num_slots_method']})")
-    if e := p.get("estimate"):
-        f = lambda key, spec, scale=1: "-" if e[key] is None else format(e[key] * scale, spec)
-        out += ["ESTIMATE (roofline bound from the compiler's costs, not measured; '-': no fit):",
-                f"  train step >= {f('train_step_s', '.2f')} s, MFU <= {f('train_mfu', '.0%')}",
-                f"  decode     <= {f('decode_tokens_per_s_per_chip', ',.0f')} tokens/s/chip at "
-                f"{e['decode_num_slots']} slots (attending to the whole cache)",
-                f"  prefill    <= {f('prefill_tokens_per_s_per_chip', ',.0f')} tokens/s/chip",
-                f"  reshard    >= {f('reshard_s', '.1f', 1e3)} ms (HBM traffic only)"]
-    if hbm is not None:
-        out.append(f"verdict: {'FITS' if p['fits'] else 'DOES NOT FIT'} {hbm / GIB:g} GiB/chip")
-    return "\n".join(out)

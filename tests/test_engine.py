@@ -74,6 +74,27 @@ def test_greedy_equals_transformers_generate(model, greedy_engine):
         assert c.finish_reason == "length" and c.length == n
 
 
+def test_tpu_form_equals_cpu_form(model, greedy_engine, monkeypatch):
+    """The decode step as other backends lay it out (engine.backend_choices: the tied
+    embedding held once, the cache read before the step's write), run here on CPU: the
+    greedy tokens of the CPU form, and logprobs equal up to rounding."""
+    from ada.sampling import engine as engine_mod
+
+    _, params, config = model
+    monkeypatch.setattr(engine_mod, "backend_choices", lambda platform: engine_mod.BackendChoices(
+        unembed_copy=False, read_then_write=True))
+    tpu_form = Engine(config, num_slots=4, max_prompt_len=16, max_new_tokens=24, chunk_size=8,
+                      sampling=SamplingConfig(temperature=0.0), max_prefill_rows=4)
+    reqs = [Request(p, i, 0, n) for i, (p, n) in enumerate(zip(prompts(5, seed=1),
+                                                                [24, 7, 16, 24, 1], strict=True))]
+    driver = Driver(tpu_form, params)
+    assert config.tie_embeddings and "lm_head" not in driver.params
+    got, want = driver.generate_all(reqs), Driver(greedy_engine, params).generate_all(reqs)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
 def model_logprobs(params, config, prompt, response, temperature=1.0):
     seq = jnp.asarray([prompt + response])
     logits, _ = forward(params, config, seq, jnp.arange(seq.shape[1])[None])
@@ -205,7 +226,7 @@ def test_sharded_equals_unsharded_and_temperature_logprobs(model):
     driver = Driver(engine, params, step_key=3)
     # per-layer weights laid out by the tables, the "layers" axis indexed away
     assert tuple(driver.params["layers"][1]["q"].sharding.spec) == ("fsdp", "tensor")
-    k0 = driver.state.cache.k[0]  # [B, K, Hd, S]
+    k0 = driver.state.cache.k[0]  # [B, K, S, Hd]
     assert k0.sharding.spec[0] == ("data", "fsdp") and k0.sharding.spec[1] == "tensor"
     sharded = driver.generate_all(reqs)
     assert [c.token_ids for c in sharded] == [c.token_ids for c in plain]

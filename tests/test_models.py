@@ -193,6 +193,16 @@ def test_decode_params_equal_stacked(model):
     args = [jnp.asarray(a) for a in (tokens, positions, mask)]
     np.testing.assert_allclose(np.asarray(_forward(split, config, *args)[0]),
                                np.asarray(_forward(params, config, *args)[0]), atol=DECODE_TOL)
+    # Without the unembedding copy (the TPU's form): a tied embedding is held once and serves
+    # the gather and the unembedding; the same logits up to rounding.
+    once = decode_params(params, config, unembed_copy=False)
+    assert ("lm_head" in once) == (not config.tie_embeddings)
+    assert decode_params(once, config, unembed_copy=False) is once
+    once_logits, once_cache = _decode(once, config, tokens, mask, positions, [14, 1, 5], T + 2)
+    np.testing.assert_allclose(once_logits, stacked, atol=DECODE_TOL)
+    for a, b in zip(jax.tree_util.tree_leaves(once_cache),
+                    jax.tree_util.tree_leaves(stacked_cache), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_attention_window_equals_whole_cache(model):
@@ -215,6 +225,32 @@ def test_attention_window_equals_whole_cache(model):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=DECODE_TOL)
     with pytest.raises(ValueError, match="attend_len"):
         step(attend_len=T + 21)
+
+
+def test_read_then_write_equals_write_then_read(model):
+    """Decode reading the cache before the step's write (the TPU's form, forward's
+    read_then_write) gives the logits and the cache of writing first, windowed or not, and
+    a row whose new token is padding (an idle slot) gives the same cache too."""
+    config, params = model
+    tokens, mask, positions = left_padded(config.vocab_size)
+    T = tokens.shape[1]
+    _, cache = _decode(params, config, tokens[:, :-1], mask[:, :-1], positions[:, :-1],
+                       [T - 1], max_len=T + 20)
+    step_mask = mask[:, -1:].copy()
+    step_mask[1] = False  # an idle slot
+    for attend_len in (None, T):
+        outs = [forward(params, config, jnp.asarray(tokens[:, -1:]),
+                        jnp.asarray(positions[:, -1:]), jnp.asarray(step_mask), cache,
+                        attend_len=attend_len, read_then_write=rtw) for rtw in (False, True)]
+        (first, first_cache), (second, second_cache) = outs
+        live = step_mask[:, 0]
+        np.testing.assert_allclose(np.asarray(second)[live], np.asarray(first)[live],
+                                   atol=DECODE_TOL)
+        # the same entries written (later layers' from inputs equal up to rounding)
+        for a, b in zip(jax.tree_util.tree_leaves(second_cache),
+                        jax.tree_util.tree_leaves(first_cache), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=DECODE_TOL)
+        np.testing.assert_array_equal(np.asarray(second_cache.k[0]), np.asarray(first_cache.k[0]))
 
 
 def test_left_padding_is_invisible(model):

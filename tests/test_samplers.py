@@ -1,5 +1,7 @@
 """Samplers: the distributions drawn from, checked against a float64 NumPy reference."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,11 +83,15 @@ def test_a_row_does_not_depend_on_its_neighbours():
         assert int(one[0]) == int(full[i])
 
 
-@pytest.mark.parametrize("vocab", [300, 1024, 8192])
-def test_inverse_cdf_equals_brute_force_search(vocab):
+@pytest.mark.parametrize("vocab, shards", [(300, 1), (1024, 1), (8192, 1), (300, 2), (1000, 4),
+                                           (1024, 4)])
+def test_inverse_cdf_equals_brute_force_search(vocab, shards):
     """The two-level lookup picks exactly the token a linear scan of the cumulative weights
     picks. Integer weights (with zeros and a vocabulary that is not a multiple of the block)
-    keep every float32 sum exact, so the two must agree bit for bit."""
+    keep every float32 sum exact, so the two must agree bit for bit. With the vocabulary in
+    `shards` shards (blocks padded per shard, the sampler's layout over a tensor axis), run
+    sharded that way over CPU devices: the same tokens, and the [B, V] weights are never
+    gathered onto one device."""
     rng = np.random.default_rng(vocab)
     B = 64
     w = rng.integers(0, 64, (B, vocab)).astype(np.float32)
@@ -96,7 +102,16 @@ def test_inverse_cdf_equals_brute_force_search(vocab):
     w[0, vocab - 1] = 3.0  # only the last (padded block) token
     u = rng.random(B).astype(np.float32)
     u[1], u[2] = 0.0, np.nextafter(np.float32(1.0), np.float32(0.0))
-    got = np.asarray(jax.jit(inverse_cdf)(jnp.asarray(w), jnp.asarray(u)))
+    fn = jax.jit(functools.partial(inverse_cdf, vocab_shards=shards))
+    w_in = jnp.asarray(w)
+    if shards > 1:
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:shards]), ("tensor",))
+        w_in = jax.device_put(w_in, jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec(None, "tensor")))
+        hlo = fn.lower(w_in, jnp.asarray(u)).compile().as_text()
+        assert not [line for line in hlo.splitlines() if "all-gather(" in line
+                    and (f"[{B},{vocab}]" in line or f"[{vocab},{B}]" in line)]
+    got = np.asarray(fn(w_in, jnp.asarray(u)))
     for b in range(B):
         target = np.float32(u[b]) * np.float32(w[b].sum())
         cdf = np.cumsum(w[b].astype(np.float64))

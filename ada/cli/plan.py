@@ -25,7 +25,8 @@ import jax
 from ada import config as cfglib
 from ada import planner
 from ada.config import DEFAULT_CONFIG, ConfigError
-from ada.planner import GIB, check_config, make_plan, report
+from ada.hlo_bytes import explain
+from ada.planner import GIB, check_config, fits, make_plan
 from ada.tpu import CHIPS, SliceError, parse_topology, tpu_devices
 
 
@@ -40,6 +41,55 @@ def cpu_devices(n: int) -> list:
     return jax.devices()[:n]
 
 
+def bytes_line(b: dict | None, what: str) -> str:
+    """One phase's bytes beside its floor, as a report line."""
+    if not b:
+        return f"             {what}: -"
+    fl, chunk = b["floor"], b.get("chunk_hbm_bytes_per_step")
+    how = (f" (one step alone {b['probe_hbm_bytes'] / 1e9:.2f}, in the chunk "
+           f"{chunk / 1e9:.2f} per step)" if chunk else "")
+    return (f"             {what}: {b['hbm_bytes'] / 1e9:.2f} GB in HBM{how} vs a floor of "
+            f"{b['floor_bytes'] / 1e9:.2f} (weights {fl['weights'] / 1e9:.2f} + KV "
+            f"{fl['kv'] / 1e9:.2f} + logits {fl['logits'] / 1e9:.2f}): {b['hbm_vs_floor']:.2f}x;"
+            f" the compiler's count over all memory spaces {b['compiler_bytes'] / 1e9:.2f} GB "
+            f"({b['compiler_vs_floor']:.2f}x); {b['bound']} bind")
+
+
+def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
+    """The plan as text; `explain_top`: and the heaviest op groups of the decode step and the
+    prefill (`--explain`)."""
+    gib = lambda b: "-" if b is None else f"{b / GIB:.2f}"
+    out = [f"{p['model']} on {p['topology'] or 'CPU'}: {p['devices']} devices, {p['hosts']} "
+           f"host(s) of {p['chips_per_host']}; train mesh {p['train_mesh']}, sampling mesh per "
+           f"host {p['sampling_mesh']}",
+           f"{'GiB/device':47s} {'args':>7s} {'out':>7s} {'temp':>7s} {'peak':>7s} {'+ held':>7s}"]
+    for name, f in p["phases"].items():
+        out.append(f"{name:8s} {f['shape']:38s} {gib(f['arguments_bytes']):>7s} "
+                   f"{gib(f.get('outputs_bytes')):>7s} {gib(f.get('temp_bytes')):>7s} "
+                   f"{gib(f['peak_bytes']):>7s} {gib(f.get('held_bytes')):>7s}"
+                   + ("" if hbm is None else "  fits" if fits(f, hbm) else "  DOES NOT FIT"))
+    if p["max_num_slots"] is not None:
+        out.append(f"max num_slots: {p['max_num_slots']} ({p['max_num_slots_method']})")
+    if e := p.get("estimate"):
+        f = lambda key, spec, scale=1: "-" if e[key] is None else format(e[key] * scale, spec)
+        out += ["ESTIMATE (roofline bound from the compiler's costs, not measured; '-': no fit):",
+                f"  train step >= {f('train_step_s', '.2f')} s, MFU <= {f('train_mfu', '.0%')}",
+                f"  decode     <= {f('decode_tokens_per_s_per_chip', ',.0f')} tokens/s/chip at "
+                f"{e['decode_num_slots']} slots (attending to the whole cache)",
+                bytes_line(e.get("decode_bytes"), "bytes/step/chip"),
+                f"  prefill    <= {f('prefill_tokens_per_s_per_chip', ',.0f')} tokens/s/chip",
+                bytes_line(e.get("prefill_bytes"), "bytes/call/chip"),
+                f"  reshard    >= {f('reshard_s', '.1f', 1e3)} ms (HBM traffic only)"]
+        if explain_top:
+            for what, fig in (("decode step", dict(ops=e.get("decode_ops") or [])),
+                              ("prefill", p["phases"]["prefill"])):
+                out += [f"{what}: the heaviest ops by HBM bytes per chip (XLA's cost model op "
+                        "by op; 'all' adds on-chip memory)"] + explain(fig, explain_top)
+    if hbm is not None:
+        out.append(f"verdict: {'FITS' if p['fits'] else 'DOES NOT FIT'} {hbm / GIB:g} GiB/chip")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ada.plan", description=planner.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,6 +102,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the plan to this file")
     ap.add_argument("--no-train-estimate", action="store_true", help="skip the train step's "
                     "roofline (its probe compiles take most of a plan's time)")
+    ap.add_argument("--explain", type=int, nargs="?", const=15, default=0, metavar="N",
+                    help="also list the decode step's and the prefill's N heaviest op groups "
+                         "by HBM bytes (default 15), from the optimized programs")
     try:
         overrides, rest = cfglib.parse_override_args(sys.argv[1:] if argv is None else argv)
         args = ap.parse_args(rest)
@@ -75,7 +128,7 @@ def main(argv=None) -> int:
              config=args.config, overrides=dict(overrides), hbm_bytes=hbm, chip=chip and dict(
                  zip(("name", "peak_flops", "hbm_gib", "bytes_per_s"), (chip, *CHIPS[chip]),
                      strict=True)))
-    print(report(p, hbm))
+    print(report(p, hbm, args.explain))
     if hbm and p["num_slots"] > p["max_num_slots"]:
         print(f"error: sampling.num_slots={p['num_slots']} does not fit {hbm / GIB:g} GiB per "
               f"chip beside the train state, at most {p['max_num_slots']} do: pass --config."

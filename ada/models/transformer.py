@@ -107,10 +107,15 @@ class KVCache:
     `valid[b, s]` marks the cache entries that hold real (non-padding) tokens and `end[b]` is
     the next write index of row b. Causality is by cache index, RoPE by explicit position, so
     a left-padded prompt and its decode steps need no special casing.
+
+    Keys and values share one layout, head dim minor: the TPU's q.k and p.v dots and the
+    scatter that writes a step's entries in place all read it where it lies. (Keys stored
+    [B, K, Hd, S], as XLA:CPU's broadcast-multiply-reduce once preferred, cost the TPU three
+    cache-sized relayout copies per layer per step; XLA:CPU is as fast with this one:
+    docs/results.md, "Decode on TPU".)
     """
 
-    k: tuple[jax.Array, ...]  # L x [B, K, Hd, S]: keys transposed, so a decode step's q.k
-    #                           products run along the contiguous S axis
+    k: tuple[jax.Array, ...]  # L x [B, K, S, Hd]
     v: tuple[jax.Array, ...]  # L x [B, K, S, Hd]
     valid: jax.Array  # [B, S] bool
     end: jax.Array  # [B] int32
@@ -124,7 +129,7 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVC
     dtype = dtype or config.compute_dtype
     K, Hd, L = config.num_kv_heads, config.head_dim, config.num_layers
     return KVCache(
-        k=tuple(jnp.zeros((batch, K, Hd, max_len), dtype) for _ in range(L)),
+        k=tuple(jnp.zeros((batch, K, max_len, Hd), dtype) for _ in range(L)),
         v=tuple(jnp.zeros((batch, K, max_len, Hd), dtype) for _ in range(L)),
         valid=jnp.zeros((batch, max_len), bool),
         end=jnp.zeros((batch,), jnp.int32),
@@ -187,20 +192,23 @@ def _per_layer(layers, num_layers: int) -> list:
     return [jax.tree.map(lambda x, i=i: x[i], layers) for i in range(num_layers)]
 
 
-def in_decode_form(params: Params, config: ModelConfig) -> bool:
+def in_decode_form(params: Params, config: ModelConfig, unembed_copy: bool = True) -> bool:
     return isinstance(params["layers"], list | tuple) and (
-        "lm_head" in params or not config.tie_embeddings)
+        "lm_head" in params or not (config.tie_embeddings and unembed_copy))
 
 
-def decode_params(params: Params, config: ModelConfig) -> Params:
+def decode_params(params: Params, config: ModelConfig, *, unembed_copy: bool = True) -> Params:
     """The params in the form the cached forward reads fastest (module docstring): `layers`
     as a list of per-layer dicts, one buffer per layer and weight, and for tied embeddings
-    the unembedding materialised as `lm_head` [D, V] (XLA:CPU's dot reads [D, V] ~1.7x
-    faster than it contracts against [V, D]). A copy of the weights; idempotent."""
-    if in_decode_form(params, config):
+    with `unembed_copy` the unembedding materialised as `lm_head` [D, V] (XLA:CPU's dot reads
+    [D, V] ~1.7x faster than it contracts against [V, D]). Without it the tied embedding is
+    held once and serves both the gather and the unembedding (the TPU's matmul reads [V, D]
+    where it lies; the engine picks per backend, `ada.sampling.engine.backend_choices`). A copy
+    of the weights; idempotent."""
+    if in_decode_form(params, config, unembed_copy):
         return params
     out = dict(params, layers=_per_layer(params["layers"], config.num_layers))
-    if config.tie_embeddings:
+    if config.tie_embeddings and unembed_copy:
         out["lm_head"] = params["embed"].T
     return out
 
@@ -244,27 +252,43 @@ def apply_rope(x_BxTxNxHd, positions_BxT, inv_freq):
     return x_BxTxNxHd * cos + rotated * sin
 
 
-def _attention(q_BxTxHxHd, k_BxKxHdxS, v_BxKxSxHd, allowed_BxTxS, config: ModelConfig):
+def _attention(q_BxTxHxHd, k_BxKxSxHd, v_BxKxSxHd, allowed_BxTxS, config: ModelConfig):
     B, T, H, Hd = q_BxTxHxHd.shape
     K = config.num_kv_heads
     q = q_BxTxHxHd.reshape(B, T, K, H // K, Hd)
-    if T == 1:
-        # Decode: one query per row. Broadcast-multiply-reduce over Hd against the
-        # transposed keys beats XLA:CPU's batched dot for these [G, Hd] x [Hd, S] products
-        # (benchmarks/decode.py); same math.
-        q_BxKxGxHd = q[:, 0]
-        scores = jnp.sum(q_BxKxGxHd[..., None] * k_BxKxHdxS[:, :, None], axis=-2)
-        scores = scores[:, :, :, None, :].astype(jnp.float32)  # [B, K, G, 1, S]
-    else:
-        scores = jnp.einsum("btkgh,bkhs->bkgts", q, k_BxKxHdxS).astype(jnp.float32)
+    scores = jnp.einsum("btkgh,bksh->bkgts", q, k_BxKxSxHd).astype(jnp.float32)
     scores = scores / math.sqrt(Hd)
     scores = jnp.where(allowed_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxSxHd.dtype)
-    if T == 1:
-        out = jnp.sum(probs[:, :, :, 0, :, None] * v_BxKxSxHd[:, :, None], axis=-2)
-        return out.reshape(B, 1, H * Hd)
-    out = jnp.einsum("bkgts,bksh->btkgh", probs, v_BxKxSxHd)
+    # The dot's own output order ([B, K, G, T, Hd]: batch, then each side's free dims), the
+    # small result transposed after: asked for [B, T, K, G, Hd] directly, XLA:CPU computes
+    # the transposed product and transposes the value cache to feed it (cache-sized, per
+    # layer and step, where a device holds one KV head: tests/test_decode_hlo.py).
+    out = jnp.einsum("bkgts,bksh->bkgth", probs, v_BxKxSxHd).transpose(0, 3, 1, 2, 4)
     return out.reshape(B, T, H * Hd)
+
+
+def _decode_attention(q_Bx1xHxHd, k_BxKxWxHd, v_BxKxWxHd, k_Bx1xKxHd, v_Bx1xKxHd, allowed_Bx1xW,
+                      start_B, config: ModelConfig):
+    """One query per row against the cache before this step's write ([0, W)) and the row's
+    new key and value, which belong at cache position start_B[b]: _attention's numbers over
+    the written cache, reading only the unwritten one. The new key's score takes its
+    position's place among the scores (a [B, K, G, W] select; the softmax is the same sum in
+    the same order); its value joins the weighted sum after the cache's."""
+    B, _, H, Hd = q_Bx1xHxHd.shape
+    K = config.num_kv_heads
+    W = k_BxKxWxHd.shape[2]
+    q = q_Bx1xHxHd.reshape(B, 1, K, H // K, Hd)
+    scores = jnp.einsum("btkgh,bksh->bkgts", q, k_BxKxWxHd).astype(jnp.float32)
+    own = jnp.einsum("btkgh,btkh->bkgt", q, k_Bx1xKxHd.astype(q.dtype)).astype(jnp.float32)
+    at_new = (jnp.arange(W)[None, :] == start_B[:, None])[:, None, None, None]  # [B,1,1,1,W]
+    scores = jnp.where(at_new, own[..., None], scores) / math.sqrt(Hd)
+    scores = jnp.where(allowed_Bx1xW[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxWxHd.dtype)  # [B, K, G, 1, W]
+    out = jnp.einsum("bkgts,bksh->bkgth", jnp.where(at_new, 0, probs), v_BxKxWxHd)
+    p_new = jnp.sum(jnp.where(at_new, probs, 0), axis=-1)  # [B, K, G, 1]
+    out = out + p_new[..., None] * v_Bx1xKxHd.astype(out.dtype).transpose(0, 2, 1, 3)[:, :, None]
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, 1, H * Hd)
 
 
 def _write_rows(cache_BxSx, new_BxTx, start_B):
@@ -275,17 +299,19 @@ def _write_rows(cache_BxSx, new_BxTx, start_B):
     return jax.vmap(one)(cache_BxSx, new_BxTx.astype(cache_BxSx.dtype), start_B)
 
 
-def _write_kv(cache, new_BxTxKxHd, start_B, *, keys: bool):
-    """Write one layer's new keys (cache [B, K, Hd, S]) or values ([B, K, S, Hd]) in place:
-    row b at position start_B[b] + t. A scatter touches only the B*T new entries, so a
-    decode step does not copy the cache."""
-    B, T = new_BxTxKxHd.shape[:2]
-    rows_BxT = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-    cols_BxT = start_B[:, None] + jnp.arange(T)[None, :]
-    new = new_BxTxKxHd.astype(cache.dtype)  # indexed region: [B, T, K, Hd] either way
-    if keys:
-        return cache.at[rows_BxT, :, :, cols_BxT].set(new, mode="drop")
-    return cache.at[rows_BxT, :, cols_BxT].set(new, mode="drop")
+def _write_kv(cache_BxKxSxHd, new_BxTxKxHd, start_B):
+    """Write one layer's new keys or values in place: row b, head k at positions
+    start_B[b] + t. A scatter touches only the B*T*K new [Hd] rows, so a decode step does
+    not copy the cache. Each head is its own scatter index, not part of the update window:
+    with a [K, Hd] window and two or more heads per chip, the TPU compiler laid the cache
+    out heads-minor inside the decode loop and relaid every layer's cache in and out of
+    each chunk (tests/test_decode_hlo.py)."""
+    B, T, K = new_BxTxKxHd.shape[:3]
+    rows = jnp.arange(B)[:, None, None]
+    heads = jnp.arange(K)[None, None, :]
+    cols = (start_B[:, None] + jnp.arange(T)[None, :])[:, :, None]
+    new = new_BxTxKxHd.astype(cache_BxKxSxHd.dtype)  # indexed region: [B, T, K, Hd]
+    return cache_BxKxSxHd.at[rows, heads, cols].set(new, mode="drop")
 
 
 def _dense(x_BxTxI, w_IxO):
@@ -299,7 +325,7 @@ def _dense(x_BxTxI, w_IxO):
 def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig):
     """One pre-norm transformer block.
 
-    `kv` is None (no cache) or this layer's (k [B, K, Hd, S], v [B, K, S, Hd]) cache;
+    `kv` is None (no cache) or this layer's (k, v) cache, each [B, K, S, Hd];
     returns the new activations and the updated (k, v).
     """
     c = config
@@ -322,15 +348,19 @@ def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig):
     k = apply_rope(k, ctx["positions"], ctx["inv_freq"])
 
     if kv is None:
-        keys, values = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
-    else:
-        k_cache = _write_kv(kv[0], k, ctx["start"], keys=True)
-        v_cache = _write_kv(kv[1], v, ctx["start"], keys=False)
-        kv = (k_cache, v_cache)
+        attn = _attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), ctx["allowed"], c)
+    elif T == 1 and ctx["read_then_write"]:
+        # Decode: attend to the cache as it was plus the new key and value, then write them
+        # (forward's read_then_write).
         W = ctx["attend_len"]  # attend to cache positions [0, W) only
-        keys, values = k_cache[..., :W].astype(dt), v_cache[:, :, :W].astype(dt)
-
-    attn = _attention(q, keys, values, ctx["allowed"], c)
+        attn = _decode_attention(q, *(cache[:, :, :W].astype(dt) for cache in kv), k, v,
+                                 ctx["allowed"], ctx["start"], c)
+        kv = (_write_kv(kv[0], k, ctx["start"]), _write_kv(kv[1], v, ctx["start"]))
+    else:
+        kv = (_write_kv(kv[0], k, ctx["start"]), _write_kv(kv[1], v, ctx["start"]))
+        W = ctx["attend_len"]  # attend to cache positions [0, W) only
+        keys, values = (cache[:, :, :W].astype(dt) for cache in kv)
+        attn = _attention(q, keys, values, ctx["allowed"], c)
     x_BxTxD = x_BxTxD + _dense(attn, w["o"])
 
     h = rms_norm(x_BxTxD, w["mlp_norm"], c.rms_norm_eps)
@@ -350,6 +380,7 @@ def forward(
     return_hidden: bool = False,
     attend_len: int | None = None,
     unroll: bool = False,
+    read_then_write: bool = False,
 ):
     """Run the model on T new tokens per row.
 
@@ -370,6 +401,14 @@ def forward(
         tokens inside the window (cache.end + T <= attend_len); the cache is written in
         full either way. Decode attention is memory-bound in the cache length, so short
         responses in a long cache then read only what they filled.
+      read_then_write: with a cache and one new token per row (decode), attend to the cache
+        as it was plus the new key and value, then write them, instead of writing first and
+        attending to the written cache (the same numbers up to rounding). The reads then
+        need not wait for the write: the TPU compiler streams the cache from HBM and
+        scatters the new entries in place, where after a write it staged whole caches in
+        on-chip memory and wrote them back (1.4-1.6x the step's floor for the Llama 3.2 3B
+        and Qwen3 4B presets). XLA:CPU instead copies the loop-carried cache to keep its old
+        value, so the engine chooses per backend (ada.sampling.engine.backend_choices).
 
     Returns:
       (logits [B, T, V] float32 — or hidden states —, updated cache or None)
@@ -396,7 +435,7 @@ def forward(
         allowed = new_valid[:, None, :W] & (jnp.arange(W)[None, None, :] <= q_idx_BxT[:, :, None])
 
     ctx = {"positions": positions_BxT, "inv_freq": inv_freq, "allowed": allowed, "start": start,
-           "attend_len": None if cache is None else W}
+           "attend_len": None if cache is None else W, "read_then_write": read_then_write}
     x = params["embed"].astype(c.compute_dtype)[tokens_BxT]
     layers = params["layers"]
 

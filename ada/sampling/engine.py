@@ -30,15 +30,21 @@ equal steps of the cache length: a chunk reads only the cache front its slots ha
 estimate). A shorter window sums attention in another order, so like a slot bucket it can
 move logits in the last bits: equality is exact within one (slot, window) bucket.
 
-Decode cache layout (ada.models.KVCache): per layer, keys [B, K, Hd, S] and values
-[B, K, S, Hd], with S = largest prompt bucket + max_new_tokens; a prompt of bucket P
-occupies positions [0, P) (left padded), generated tokens follow.
+Decode cache layout (ada.models.KVCache): per layer, keys and values alike [B, K, S, Hd]
+(head dim minor: the TPU's dots and the in-place scatter read it where it lies, so a decode
+step copies no cache-sized buffer; tests/test_decode_hlo.py), with S = largest prompt bucket
++ max_new_tokens; a prompt of bucket P occupies positions [0, P) (left padded), generated
+tokens follow.
 
 Params: `Engine.prepare_params` brings them once per set of weights, in one jitted call,
 from wherever they lie (the train mesh, one device, the host) to the engine's mesh as
-`sampling_params`: the compute dtype, one buffer per layer, a [D, V] unembedding when tied
-(ada.models.decode_params), read by each decode step where it lies. One more copy of the
-weights (in bfloat16, half the master's bytes); the stacked form also works, slower on CPU.
+`sampling_params`: the compute dtype, one buffer per layer, and on CPU a [D, V] copy of a
+tied embedding for the unembedding (`backend_choices`, ada.models.decode_params), read by
+each decode step where it lies. One more copy of the weights (in bfloat16, half the
+master's bytes); the stacked form also works, slower on CPU.
+
+Sampling over a vocabulary split across the tensor axis keeps its blocks inside each shard
+(`vocab_shards`, samplers.inverse_cdf): the [slots, V] logits are never gathered.
 
 On CPU, `generate` is compiled with XLA:CPU's YNNPACK fusions off (`CPU_DECODE_OPTIONS`):
 for these skinny [slots, D] x [D, F] products and the decode attention reductions, XLA's
@@ -47,7 +53,9 @@ own dot and loop emitters ran the step ~15% faster (benchmarks/decode.py, docs/r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -115,11 +123,34 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
 # ----------------------------------------------------------------------------- pure functions
 
 
-def sampling_params(params, *, config: ModelConfig):
+@dataclasses.dataclass(frozen=True)
+class BackendChoices:
+    """How sampling lays out its weights and decode step on one backend: the one place
+    these per-backend choices are made (`backend_choices`)."""
+
+    # Hold a transposed [D, V] copy of a tied embedding for the unembedding. XLA:CPU's dot
+    # reads [D, V] ~1.7x faster than it contracts against the [V, D] embedding; the TPU's
+    # matmul reads [V, D] as it lies (no relayout, the same bytes per step), so there the
+    # embedding is held once.
+    unembed_copy: bool
+    # Decode attends to the cache before the step's write (ada.models.forward's
+    # read_then_write): on TPU the cache then streams from HBM with the write in place; on
+    # XLA:CPU it would copy every layer's loop-carried cache per step.
+    read_then_write: bool
+
+
+def backend_choices(platform: str) -> BackendChoices:
+    """The choices for a backend ("cpu", "tpu", "gpu"...): docs/results.md, "Decode on TPU".
+    Backends other than XLA:CPU take the TPU's (measured there, compiled ahead of time)."""
+    cpu = platform == "cpu"
+    return BackendChoices(unembed_copy=cpu, read_then_write=not cpu)
+
+
+def sampling_params(params, *, config: ModelConfig, unembed_copy: bool = True):
     """The weights as sampling reads them: in decode form and the compute dtype (the forward
     casts to it anyway: the same numbers, and half a float32 master's bytes in bfloat16)."""
     return decode_params(jax.tree.map(lambda x: x.astype(config.compute_dtype), params),
-                         config)
+                         config, unembed_copy=unembed_copy)
 
 
 def prefill_fn(params, tokens_NxP, mask_NxP, *, config: ModelConfig) -> Prefix:
@@ -135,11 +166,13 @@ def prefill_fn(params, tokens_NxP, mask_NxP, *, config: ModelConfig) -> Prefix:
 
 
 def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
-                eos_ids: tuple[int, ...], window: int | None = None):
+                eos_ids: tuple[int, ...], window: int | None = None, vocab_shards: int = 1,
+                read_then_write: bool = False):
     """Sample one token per slot from its logits, then run the model on it (attending to
-    cache positions [0, window) only)."""
+    cache positions [0, window) only). vocab_shards: the logits' vocabulary shards
+    (samplers.inverse_cdf); read_then_write: ada.models.forward's."""
     keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
-    tokens_B, logprobs_B = sample(state.logits, keys, sampling)
+    tokens_B, logprobs_B = sample(state.logits, keys, sampling, vocab_shards=vocab_shards)
     valid_B = state.active
     generated = state.generated + valid_B.astype(jnp.int32)
     is_eos = (jnp.isin(tokens_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids
@@ -147,7 +180,7 @@ def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
     active = valid_B & ~is_eos & (generated < state.max_new)
     logits, cache = forward(
         params, config, tokens_B[:, None], state.positions[:, None], valid_B[:, None],
-        state.cache, attend_len=window,
+        state.cache, attend_len=window, read_then_write=read_then_write,
     )
     # Inactive slots do not advance, so an idle slot never runs off the end of its cache.
     cache = cache.replace(end=jnp.where(valid_B, cache.end, state.cache.end))
@@ -163,14 +196,16 @@ def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
 
 def generate_fn(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
                 eos_ids: tuple[int, ...], num_steps: int, num_slots: int,
-                window: int | None = None, constrain=None) -> tuple[DecodeState, Chunk]:
+                window: int | None = None, constrain=None, vocab_shards: int = 1,
+                read_then_write: bool = False) -> tuple[DecodeState, Chunk]:
     """K = num_steps decode steps for the first num_slots slots under lax.scan, attending
     to cache positions [0, window) (every live slot must end the chunk inside it)."""
     part = take_rows(state, num_slots) if num_slots < state.active.shape[0] else state
 
     def body(s, _):
         return decode_step(params, s, config=config, sampling=sampling, eos_ids=eos_ids,
-                           window=window)
+                           window=window, vocab_shards=vocab_shards,
+                           read_then_write=read_then_write)
 
     part, (tok_KxB, lp_KxB, valid_KxB) = jax.lax.scan(body, part, None, length=num_steps)
     new_state = put_rows(state, part)
@@ -257,12 +292,20 @@ class Engine:
         self._move = jax.jit(functools.partial(move_fn), donate_argnums=(0,))
         devices = mesh.devices.flat if mesh is not None else jax.local_devices()[:1]
         on_cpu = all(d.platform == "cpu" for d in devices)
+        self.choices = backend_choices("cpu" if on_cpu else next(iter(devices)).platform)
+        vocab = (shd.spec_for(("batch", "vocab"), (self.num_slots, config.vocab_size), mesh)[1]
+                 if mesh is not None else None)
+        self.vocab_shards = math.prod(mesh.shape[a] for a in
+                                      ((vocab,) if isinstance(vocab, str) else vocab or ()))
         self._generate = jax.jit(
             functools.partial(generate_fn, config=config, sampling=sampling, eos_ids=eos_ids,
-                              constrain=self._constrain if mesh is not None else None),
+                              constrain=self._constrain if mesh is not None else None,
+                              vocab_shards=self.vocab_shards,
+                              read_then_write=self.choices.read_then_write),
             static_argnames=("num_steps", "num_slots", "window"), donate_argnums=(1,),
             compiler_options=CPU_DECODE_OPTIONS if on_cpu else None)
-        self._sampling_fn = functools.partial(sampling_params, config=config)
+        self._sampling_fn = functools.partial(sampling_params, config=config,
+                                              unembed_copy=self.choices.unembed_copy)
         self._sampling_params = jax.jit(self._sampling_fn)
         self._handoffs: dict[Mesh, Any] = {}  # replica mesh -> jitted sampling_params
         self._request_key = jax.jit(request_key)
@@ -274,15 +317,12 @@ class Engine:
         a batch (data x fsdp), KV heads and vocabulary over tensor where they divide."""
         assert self.mesh is not None
         c, B, S = self.config, self.num_slots, self.cache_len
-        v_shape = (B, c.num_kv_heads, S, c.head_dim)
-        k_shape = v_shape[:2] + (c.head_dim, S)
         ns = lambda logical, shape: NamedSharding(self.mesh, shd.spec_for(logical, shape, self.mesh))
-        k_spec = ns(("batch", "kv_heads", "head_dim", "seq"), k_shape)
-        v_spec = ns(("batch", "kv_heads", "seq", "head_dim"), v_shape)
+        kv_spec = ns(("batch", "kv_heads", "seq", "head_dim"), (B, c.num_kv_heads, S, c.head_dim))
         vec = ns(("batch",), (B,))
         L = c.num_layers
         return DecodeState(
-            cache=KVCache(k=(k_spec,) * L, v=(v_spec,) * L, valid=ns(("batch", "seq"), (B, S)),
+            cache=KVCache(k=(kv_spec,) * L, v=(kv_spec,) * L, valid=ns(("batch", "seq"), (B, S)),
                           end=vec),
             logits=ns(("batch", "vocab"), (B, c.vocab_size)), positions=vec, generated=vec,
             max_new=vec, active=vec, keys=ns(("batch", None), (B, 2)),
@@ -302,7 +342,7 @@ class Engine:
         mesh, over every process) come out whole on every copy and this process takes its
         own: no host round trip. Others (one device, the host) are cast where they lie, then
         placed. Params already in decode form are taken as they are."""
-        if in_decode_form(params, self.config):
+        if in_decode_form(params, self.config, self.choices.unembed_copy):
             return params
         if self.mesh is None:
             return self._sampling_params(params)

@@ -15,7 +15,7 @@ from ada.models.transformer import KVCache
 class Prefix:
     """N prefilled prompts: a [N, P] cache and each row's next-token logits."""
 
-    cache: KVCache  # per layer: k [N, K, Hd, P], v [N, K, P, Hd]
+    cache: KVCache  # per layer: k, v [N, K, P, Hd]
     logits: jax.Array  # [N, V] float32
     lengths: jax.Array  # [N] int32: real prompt tokens (the first generated position)
 
@@ -24,7 +24,7 @@ class Prefix:
 class DecodeState:
     """Everything one decode step reads and writes, for B slots."""
 
-    cache: KVCache  # per layer: k [B, K, Hd, S], v [B, K, S, Hd]
+    cache: KVCache  # per layer: k, v [B, K, S, Hd]
     logits: jax.Array  # [B, V] float32: logits of the slot's next token
     positions: jax.Array  # [B] int32: RoPE position of the next token
     generated: jax.Array  # [B] int32: tokens generated so far
