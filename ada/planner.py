@@ -410,7 +410,8 @@ def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
 
 def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
               hbm: float | None, log, train_estimate: bool) -> dict:
-    """`host`: one host's devices (on CPU `devices` themselves, on TPU a one-host slice)."""
+    """`host`: one host's devices (on CPU `devices` themselves, on TPU a one-host slice).
+    `log(program)` is called as each program starts compiling (ada.cli.plan's progress line)."""
     n, first = len(devices), [d for d in devices if d.process_index == 0]
     m = config.mesh
     train_mesh = shd.make_mesh(mesh_sizes((m.data, m.fsdp, m.tensor), n, "mesh (data, fsdp, "
@@ -435,16 +436,16 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
              num_slots=engine.num_slots, max_num_slots=None, max_num_slots_method=None,
              fits=None, phases={})
     ph = p["phases"]
-    log(f"compiling the train step ({rows} x {seq} tokens) ...")
+    log(f"the train step ({rows} x {seq} tokens)")
     ph["train"] = plan_train(model_cfg, tc, train_mesh, rows, seq, probe=bool(chip and train_estimate))
-    log("compiling the reshard and prefill ...")
+    log("the reshard and prefill")
     ph["reshard"] = plan_reshard(setup.make_engine(config, model_cfg, None, mesh_on(first),
                                                    num_slots=engine.num_slots),
                                  stacked, train_mesh)
     ph["prefill"] = plan_prefill(engine, params, ops=bool(chip))
 
     def generate_at(slots, steps=None, ops=False):
-        log(f"compiling generate at {slots} slots{' (one step: the cost probe)' if steps else ''}")
+        log(f"generate at {slots} slots{' (one step: the cost probe)' if steps else ''}")
         return plan_generate(setup.make_engine(config, model_cfg, None, sampling_mesh,
                                                num_slots=slots), params, steps, ops=ops)
 

@@ -1,9 +1,11 @@
 """The planner: XLA's per-device figures against live bytes, a plan on fake CPU devices and on
 a TPU slice (the real TPU compiler, via libtpu), and its one-line errors."""
 
+import io
 import json
 import math
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ from ada import config as cfglib
 from ada import hlo_bytes, tpu
 from ada import planner as plan
 from ada import sharding as shd
+from ada.cli.plan import Progress
 from ada.cli.plan import main as plan_main
 from ada.models import init_params, param_shapes, positions_from_mask, preset
 from ada.models.known import QWEN25_MATH_7B
@@ -108,11 +111,40 @@ def test_cpu_plan(capsys, tmp_path):
     assert p["max_num_slots"] >= 32 and p["max_num_slots"] % 8 == 0
     assert p["max_num_slots_peak_bytes"] <= 0.005 * 2**30
     assert p["fits"] is True and "estimate" not in p  # no chip, no roofline
+    # progress in a log: each program's start and end, with how long it took
+    for program in ("the train step (32 x 40 tokens)", "the reshard and prefill", "generate at 32 slots"):
+        assert f"compiling {program}: 0:00 so far" in out and f"compiled {program} in " in out
     # the train state stays on the chip through the rollout: the sampling phases fit beside it
     t, ph = p["phases"]["train"], p["phases"]
     state = t["arguments_bytes"] - t["batch_bytes"]
     assert ph["prefill"]["held_bytes"] == ph["generate"]["held_bytes"] == state
     assert ph["reshard"]["held_bytes"] == state - t["params_bytes"]  # it reads the params
+
+
+def test_progress_redraws_on_a_terminal_and_prints_lines_in_a_log():
+    """A line per second on a terminal (redrawn in place), plain lines in a log: the program,
+    its time so far, and how long the last compile of its kind took."""
+    class Log(io.StringIO):
+        def __init__(self, tty):
+            super().__init__()
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    for tty in (False, True):
+        log = Log(tty)
+        progress = Progress(log, every_s=0.05)
+        progress("generate at 64 slots")
+        time.sleep(0.2)
+        progress("generate at 32 slots")
+        time.sleep(0.2)
+        progress.close()
+        text = log.getvalue()
+        assert text.count("compiled generate at 64 slots in 0:00") == 1
+        assert "compiling generate at 32 slots: 0:00 so far, the last one took 0:00" in text
+        assert text.count("compiling generate at 32 slots") >= 2  # the start, then per tick
+        assert ("\r\033[K" in text) == tty and text.endswith("\n")
 
 
 def test_tpu_plan_compiles_every_phase(capsys, tmp_path):

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import pathlib
 import sys
+import threading
+import time
 
 import jax
 
@@ -39,6 +40,77 @@ def cpu_devices(n: int) -> list:
         raise ConfigError(f"--devices {n}: give 1 to {len(jax.devices())} (jax already runs "
                           "with that many CPU devices; a fresh process can have more)")
     return jax.devices()[:n]
+
+
+class Progress:
+    """What `ada.plan` is compiling, for how long, and how long the last compile of its kind
+    took: one line redrawn each second on a terminal, plain lines in a log (a start line, a
+    line a minute while it runs, a done line), so a slow compile is not taken for a hang.
+    Call it with each program's name as it starts; `close()` after the last."""
+
+    def __init__(self, stream=None, every_s: float | None = None):
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.every_s = every_s or (1.0 if self.tty else 60.0)
+        self.t0 = time.monotonic()
+        self.taken: dict[str, float] = {}  # kind -> seconds its last compile took
+        self.program = self.kind = None
+        self.started = 0.0
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.thread = None
+
+    @staticmethod
+    def kind_of(program: str) -> str:
+        return program.split(" at ")[0].split(" (")[0]
+
+    def __call__(self, program: str) -> None:
+        self._finish()
+        with self.lock:
+            self.program, self.kind, self.started = program, self.kind_of(program), time.monotonic()
+        self._write(self._line(), final=not self.tty)
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._tick, daemon=True)
+            self.thread.start()
+
+    def close(self) -> None:
+        self._finish()
+        self.wake.set()
+
+    def _line(self, done: bool = False) -> str:
+        now = time.monotonic()
+        spent, total = now - self.started, now - self.t0
+        expected = self.taken.get(self.kind)
+        hint = f", the last one took {_mmss(expected)}" if expected is not None and not done else ""
+        if done:
+            return f"[ada.plan {_mmss(total)}] compiled {self.program} in {_mmss(spent)}"
+        return f"[ada.plan {_mmss(total)}] compiling {self.program}: {_mmss(spent)} so far{hint}"
+
+    def _finish(self) -> None:
+        with self.lock:
+            if self.program is None:
+                return
+            self._write(self._line(done=True), final=True)
+            self.taken[self.kind] = time.monotonic() - self.started
+            self.program = None
+
+    def _tick(self) -> None:
+        while not self.wake.wait(self.every_s):
+            with self.lock:
+                if self.program is not None:
+                    self._write(self._line(), final=not self.tty)
+
+    def _write(self, line: str, final: bool) -> None:
+        if self.tty:  # redraw in place; a finished line stays
+            self.stream.write("\r\033[K" + line + ("\n" if final else ""))
+        elif final:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _mmss(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m}:{s:02d}"
 
 
 def bytes_line(b: dict | None, what: str) -> str:
@@ -117,9 +189,12 @@ def main(argv=None) -> int:
         with contextlib.suppress(RuntimeError):  # this machine's backend: the TPUs only compile
             jax.config.update("jax_platforms", "cpu")
         devices, host = tpu_devices(args.topology) if chip else (cpu_devices(args.devices),) * 2
-        p = make_plan(config, model_cfg, devices, host, args.topology or f"{args.devices} CPU "
-                      "devices", chip, hbm, functools.partial(print, flush=True),
-                      not args.no_train_estimate)
+        progress = Progress()
+        try:
+            p = make_plan(config, model_cfg, devices, host, args.topology or f"{args.devices} "
+                          "CPU devices", chip, hbm, progress, not args.no_train_estimate)
+        finally:
+            progress.close()
     except (ConfigError, SliceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
