@@ -48,6 +48,7 @@ from ada.methods import METHODS
 from ada.rl.losses import LossConfig
 from ada.rl.optimizer import OptimConfig
 from ada.rl.train import TrainConfig, split_problem
+from ada.sampling.paged_config import kv_cache_problems
 from ada.sampling.samplers import SamplingConfig
 from ada.tracking import TrackingError
 from ada.tracking import check_installed as check_wandb
@@ -452,6 +453,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     need(len(s.mesh) == 2 and s.mesh[1] >= 1 and (s.mesh[0] >= 1 or s.mesh[0] == -1),
          f"sampling.mesh={tuple(s.mesh)} must be (data, tensor) with tensor >= 1 and data "
          ">= 1 or -1 (all of this process's devices)")
+    problems.extend(kv_cache_problems(config))
     e = config.eval
     need(e.samples >= 1, f"eval.samples={e.samples} must be >= 1")
     for k in e.pass_k:

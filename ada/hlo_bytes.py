@@ -16,18 +16,18 @@ import re
 import jax
 
 EXPLAIN_GROUPS = 40  # op groups kept in the plan (--explain prints the first N)
-_DTYPE_BYTES = dict(pred=1, s4=1, u4=1, s8=1, u8=1, f8e4m3fn=1, f8e5m2=1, s16=2, u16=2, f16=2,
+DTYPE_BYTES = dict(pred=1, s4=1, u4=1, s8=1, u8=1, f8e4m3fn=1, f8e5m2=1, s16=2, u16=2, f16=2,
                     bf16=2, s32=4, u32=4, f32=4, s64=8, u64=8, f64=8)
-_SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
-_HEAD = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .*\{$")
-_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
+_SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\]")
+HEAD = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .*\{$")
+INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
 _FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "while", "conditional",
          "call", "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency"}
 ON_CHIP = "S(1)"  # the TPU's on-chip memory space (VMEM) in an optimized HLO layout
 
 
 def _shape_bytes(text: str) -> int:
-    return sum(_DTYPE_BYTES[m.group(1)] * math.prod(int(d) for d in m.group(2).split(",") if d)
+    return sum(DTYPE_BYTES[m.group(1)] * math.prod(int(d) for d in m.group(2).split(",") if d)
                for m in _SHAPE.finditer(text))
 
 
@@ -77,14 +77,14 @@ def hlo_op_bytes(hlo_text: str) -> list[dict]:
     roots: dict[str, str] = {}  # computation -> its root's opcode
     cur = None
     for line in hlo_text.splitlines():
-        if head := _HEAD.match(line):
+        if head := HEAD.match(line):
             cur = head.group(1)
             comps[cur], text_of[cur] = [], [line]
         elif cur is not None:
             text_of[cur].append(line)
             if line.startswith("}"):
                 cur = None
-            elif m := _INSTR.match(line):
+            elif m := INSTR.match(line):
                 comps[cur].append((m.group(1), m.group(2), m.group(3), *_operands(m.group(4))))
                 if line.lstrip().startswith("ROOT "):
                     roots[cur] = m.group(3)

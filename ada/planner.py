@@ -52,15 +52,24 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ada import config as cfglib
-from ada import setup
+from ada import methods, setup
 from ada import sharding as shd
 from ada.config import ConfigError
 from ada.hlo_bytes import EXPLAIN_GROUPS, group_ops, hlo_op_bytes
 from ada.models.hf_config import CheckpointError, read_config
 from ada.models.known import KNOWN, known
+from ada.models.paged_attention import page_bytes
 from ada.rl import train as rl
+from ada.roofline import (
+    decode_floor,
+    device_bytes,
+    estimate,
+    paged_estimate,
+    prefill_floor,
+    with_shardings,
+)
+from ada.sampling.pages import slots_that_fit
 from ada.tokenizer import load_tokenizer
-from ada.tpu import CHIPS
 
 GIB = 2 ** 30
 _OOM = re.compile(r"required for HLO temporaries \(([\d.]+)(\w?)\w*\) exceeds available HBM "
@@ -115,19 +124,6 @@ def mesh_sizes(sizes, n: int, knob: str, where: str, exact: bool) -> tuple[int, 
                           f"devices of {where}; choose sizes whose product "
                           f"{'is' if exact else 'divides'} {n} (-1 first: all the rest)")
     return sizes
-
-
-def device_bytes(tree, shardings=None) -> int:
-    """Bytes of one device's shards of an abstract tree (by default under its own shardings)."""
-    shardings = jax.tree.map(lambda x: x.sharding, tree) if shardings is None else shardings
-    sizes = jax.tree.map(lambda x, sh: math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize,
-                         tree, shardings)
-    return int(sum(jax.tree.leaves(sizes)))
-
-
-def with_shardings(tree, shardings):
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        tree, shardings)
 
 
 def compile_phase(lowered, arguments: int, ops: bool = False) -> dict:
@@ -248,38 +244,6 @@ def plan_reshard(engine, stacked, train_mesh) -> dict:
                 shape="params -> sampler weights")
 
 
-def weights_read(params) -> int:
-    """Bytes per device one forward reads of the weights: all of them, but an embedding
-    beside an `lm_head` only for the rows it gathers (left out: a few rows)."""
-    return device_bytes({k: v for k, v in params.items() if k != "embed" or "lm_head" not in params})
-
-
-def decode_floor(engine, params, window: int) -> dict:
-    """The least HBM traffic of one decode step per device (bytes): the weights read once,
-    every slot's keys and values read once up to `window` (the planned fill), and the
-    [slots, V] float32 logits written once and read once by the sampler."""
-    state = with_shardings(jax.eval_shape(engine.init_decode_state), engine.state_shardings())
-    floor = dict(weights=weights_read(params),
-                 kv=device_bytes((state.cache.k, state.cache.v)) * window // engine.cache_len,
-                 logits=2 * device_bytes(state.logits))
-    return dict(floor, total=sum(floor.values()), window=window)
-
-
-def prefill_floor(engine, params, rows: int, prompt_len: int) -> dict:
-    """The least HBM traffic of one prefill call per device (bytes): the weights read once,
-    the [rows, prompt_len] keys and values written once (split like the decode cache), and
-    the last position's logits written once."""
-    c, mesh = engine.config, engine.mesh
-    kv_shape = (rows, c.num_kv_heads, prompt_len, c.head_dim)
-    kv = jax.ShapeDtypeStruct(kv_shape, c.compute_dtype, sharding=NamedSharding(
-        mesh, shd.spec_for(("batch", "kv_heads", "seq", "head_dim"), kv_shape, mesh)))
-    logits = jax.ShapeDtypeStruct((rows, c.vocab_size), jnp.float32, sharding=NamedSharding(
-        mesh, shd.spec_for(("batch", "vocab"), (rows, c.vocab_size), mesh)))
-    floor = dict(weights=weights_read(params), kv=2 * c.num_layers * device_bytes(kv),
-                 logits=device_bytes(logits))
-    return dict(floor, total=sum(floor.values()))
-
-
 def plan_prefill(engine, params, ops: bool = False) -> dict:
     """The engine's jitted prefill (its host arrays arrive replicated). `ops`: with the
     program's bytes op by op and the floor (for the estimate)."""
@@ -329,9 +293,11 @@ def check_slots(engine, params, held: int, hbm: float) -> None:
             + " and raise sampling.mesh tensor or mesh.fsdp" * (not most))
 
 
-def max_slots(generate_at, first: dict, step: int, hbm: float) -> tuple[int, str, dict | None]:
+def max_slots(generate_at, first: dict, step: int, hbm: float) -> tuple[int, str, dict | None,
+                                                                        tuple[float, float]]:
     """The most slots (a multiple of `step`) whose generate peak fits `hbm`: a line through
-    the peaks at two slot counts, checked by compiling at its answer (a miss redraws it)."""
+    the peaks at two slot counts, checked by compiling at its answer (a miss redraws it).
+    Also the line: (fixed bytes, bytes per slot of the host) per device."""
     b1, p1 = first["num_slots"], first["peak_bytes"]
     b2 = b1 // 2 if b1 // 2 >= step and (b1 // 2) % step == 0 else 2 * b1
     second = generate_at(b2)
@@ -343,75 +309,48 @@ def max_slots(generate_at, first: dict, step: int, hbm: float) -> tuple[int, str
            f"{per_slot / 2**20:.2f} MiB/slot per device, checked by a compile")
     for _ in range(4):
         if best <= 0:
-            return 0, how, None
+            return 0, how, None, (fixed, per_slot)
         fig = generate_at(best)
         if fits(fig, hbm):
-            return best, how, fig
+            return best, how, fig, (fixed, per_slot)
         limit = min(limit, fig.get("hbm_limit_bytes", limit))  # the compiler's own
         per_slot = max((fig["peak_bytes"] - p1) / (best - b1), per_slot) if best != b1 else per_slot
         fixed = p1 - per_slot * b1
         best = min(best - step, int((limit - fixed) / per_slot) // step * step)
-    return best, how + " (the last check did not fit)", None
+    return best, how + " (the last check did not fit)", None, (fixed, per_slot)
 
 
-def step_bytes(fig: dict) -> float:
-    """The bytes a phase's roofline charges to HBM bandwidth: with a floor (decode and prefill),
-    the larger of the floor and the program's HBM bytes (`hlo_op_bytes`); else the compiler's
-    `bytes accessed` (every memory space)."""
-    if "floor" in fig:
-        return max(fig["floor"]["total"], hbm_per_step(fig))
-    return fig["bytes_accessed"]
-
-
-def hbm_per_step(fig: dict) -> float:
-    """A phase's HBM bytes per call (decode: per step, the larger of the one-step probe and
-    the chunk's own per-step figure, `chunk_hbm_bytes_per_step`)."""
-    return max(fig.get("hbm_bytes_per_step", fig.get("hbm_bytes", fig["bytes_accessed"])),
-               fig.get("chunk_hbm_bytes_per_step", 0.0))
-
-
-def roofline_s(fig: dict, chip: str) -> float | None:
-    """Seconds at the chip's peak FLOP/s or HBM bandwidth, whichever binds (None: no compile)."""
-    peak, _, bandwidth = CHIPS[chip]
-    return max(fig["flops"] / peak, step_bytes(fig) / bandwidth) if "flops" in fig else None
-
-
-def bytes_vs_floor(fig: dict, chip: str) -> dict:
-    """A phase's bytes beside its floor: the program's HBM bytes, the compiler's count over
-    every memory space, their ratios to the floor, and which of flops and bytes binds."""
-    floor, hbm = fig["floor"]["total"], hbm_per_step(fig)
-    peak, _, bandwidth = CHIPS[chip]
-    return dict(floor_bytes=floor, floor=fig["floor"], hbm_bytes=hbm,
-                probe_hbm_bytes=fig.get("hbm_bytes_per_step", fig.get("hbm_bytes")),
-                chunk_hbm_bytes_per_step=fig.get("chunk_hbm_bytes_per_step"),
-                compiler_bytes=fig["bytes_accessed"], hbm_vs_floor=hbm / floor,
-                compiler_vs_floor=fig["bytes_accessed"] / floor,
-                bound="flops" if fig["flops"] / peak > step_bytes(fig) / bandwidth else "bytes")
-
-
-def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
-    t, prefill, host = p["phases"]["train"], p["phases"]["prefill"], p["chips_per_host"]
-    rate = lambda tokens, s: s and tokens / host / s
-    train_s = (s := roofline_s(t.get("probe", {}), chip)) and s * p["epochs"] * t["mini_batches"] \
-        * t["micro_batches"]
-    model_flops = (rl.train_flops_per_token(model_cfg, t["seq_len"]) * t["rows"] * t["seq_len"]
-                   * p["epochs"] / p["devices"])
-    return {"decode_tokens_per_s_per_chip": rate(decode["num_slots"], roofline_s(decode, chip)),
-            "decode_num_slots": decode["num_slots"],
-            "decode_bytes": "floor" in decode and bytes_vs_floor(decode, chip) or None,
-            "decode_ops": decode.get("ops"),
-            "prefill_tokens_per_s_per_chip": rate(prefill["rows"] * prefill["prompt_len"],
-                                                  roofline_s(prefill, chip)),
-            "prefill_bytes": "floor" in prefill and bytes_vs_floor(prefill, chip) or None,
-            "train_step_s": train_s,
-            "train_mfu": train_s and model_flops / (train_s * CHIPS[chip][0]),
-            "reshard_s": roofline_s(p["phases"]["reshard"], chip)}
+def plan_paged(config, engine, line: tuple[float, float], hbm: float, mesh: tuple[int, int]) -> dict:
+    """Slots per host with the paged cache (sampling.kv_cache=paged, docs/paged.md) at the
+    planned mean response length (`sampling.mean_response_len`), beside the dense cache's
+    worst case, from generate's peak line (`max_slots`): its fixed bytes stay, and a slot's
+    bytes other than its KV cache stay per slot. Prompts count at their longest, their full
+    pages shared by a round's samples (adaptive.samples_per_round, grpo's n)."""
+    c, (data, tensor) = engine.config, mesh
+    fixed, per_slot = line
+    kv_token = page_bytes(c, 1, kv_head_shards=tensor)
+    mean = config.sampling.mean_response_len or config.sampling.max_new_tokens // 2
+    fit = slots_that_fit(
+        c, hbm - fixed, config.sampling.page_size, mean, engine.max_prompt_len,
+        max_response_len=config.sampling.max_new_tokens, max_prompt_len=engine.max_prompt_len,
+        samples_per_prompt=(config.adaptive.samples_per_round if methods.get(
+            config.method).adaptive_rounds else config.adaptive.n),
+        kv_head_shards=tensor, slot_shards=data, chunk_size=engine.chunk_size,
+        per_slot_bytes=max(per_slot * data - kv_token * engine.cache_len, 0.0))
+    return dict(fit, page_size=config.sampling.page_size, mean_response_len=mean,
+                mean_from="sampling.mean_response_len" if config.sampling.mean_response_len
+                else "half of sampling.max_new_tokens (sampling.mean_response_len=0)")
 
 
 def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
               hbm: float | None, log, train_estimate: bool) -> dict:
     """`host`: one host's devices (on CPU `devices` themselves, on TPU a one-host slice).
-    `log(program)` is called as each program starts compiling (ada.cli.plan's progress line)."""
+    The programs compiled are the dense cache's (the paged generate's attention is a kernel
+    whose reads the compiler cannot count); the paged cache's slots are planned beside them
+    (`plan_paged`). `log(program)` is called as each program starts compiling (ada.cli.plan's
+    progress line)."""
+    config = copy.deepcopy(config)
+    config.sampling.kv_cache = "dense"
     n, first = len(devices), [d for d in devices if d.process_index == 0]
     m = config.mesh
     train_mesh = shd.make_mesh(mesh_sizes((m.data, m.fsdp, m.tensor), n, "mesh (data, fsdp, "
@@ -453,8 +392,9 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     ph["prefill"]["held_bytes"] = ph["generate"]["held_bytes"] = held
     ph["reshard"]["held_bytes"] = held - ph["train"]["params_bytes"]  # it reads the params
     if hbm:
-        p["max_num_slots"], p["max_num_slots_method"], checked = max_slots(
+        p["max_num_slots"], p["max_num_slots_method"], checked, line = max_slots(
             generate_at, ph["generate"], data, hbm - held)
+        p["paged"] = plan_paged(config, engine, line, hbm - held, (data, tensor))
         p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]
         p["fits"] = all(fits(f, hbm) for f in ph.values())
     slots = engine.num_slots if fits(ph["generate"], hbm or math.inf) else p["max_num_slots"]
@@ -463,4 +403,6 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         if slots == engine.num_slots and "hbm_bytes_per_step" in ph["generate"]:
             probe["chunk_hbm_bytes_per_step"] = ph["generate"]["hbm_bytes_per_step"]
         p["estimate"] = estimate(p, model_cfg, chip, probe)
+        if p.get("paged"):
+            p["estimate"]["paged"] = paged_estimate(p["paged"], engine, params, probe, chip)
     return p

@@ -31,10 +31,12 @@ from ada.evaluation import pass_rates
 from ada.models import init_params, preset
 from ada.models.hf import load_hf
 from ada.models.hf_config import read_config
+from ada.models.paged_attention import paged_problem
 from ada.rewards import REWARD_NAMES, get_reward_fn
 from ada.rl.train import TrainFns, make_train_fns
 from ada.rollout import Rollout
 from ada.sampling.engine import Engine
+from ada.sampling.paged import PagedEngine
 from ada.sampling.samplers import SamplingConfig
 from ada.templates import encode_prompt, render_prompt
 from ada.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
@@ -295,12 +297,14 @@ def sampling_mesh(config):
 
 def make_engine(config, model_cfg, tokenizer: Tokenizer | None, mesh=None, *,
                 temperature: float | None = None, max_new_tokens: int | None = None,
-                num_slots: int | None = None) -> Engine:
+                num_slots: int | None = None) -> Engine | PagedEngine:
     """The one sampler factory (training, evaluation, pass rates, serving, the planner): the
     engine `config.sampling` describes, for prompts of data.max_prompt_len tokens. `mesh`:
     default this process's `sampling_mesh`; the planner passes abstract TPU chips. Without a
     tokenizer it stops at no EOS id (the planner: no compiled shape depends on them).
-    temperature, max_new_tokens and num_slots default to the sampling section's."""
+    temperature, max_new_tokens and num_slots default to the sampling section's.
+    sampling.kv_cache=paged gives a paged.PagedEngine, which the Driver runs with the same
+    contract (docs/paged.md)."""
     s = config.sampling
     mesh = sampling_mesh(config) if mesh is None else mesh
     num_slots = s.num_slots if num_slots is None else num_slots
@@ -310,13 +314,22 @@ def make_engine(config, model_cfg, tokenizer: Tokenizer | None, mesh=None, *,
                           f"data={data}; use a positive multiple of {data}")
     prompt_len = 1 << max(0, (config.data.max_prompt_len - 1).bit_length())
     temperature = s.temperature if temperature is None else temperature
-    return Engine(model_cfg, num_slots=num_slots, max_prompt_len=prompt_len,
-                  max_new_tokens=s.max_new_tokens if max_new_tokens is None else max_new_tokens,
-                  sampling=SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p),
-                  eos_ids=tuple(tokenizer.eos_ids) if tokenizer is not None else (),
-                  chunk_size=s.chunk_size, mesh=mesh, slot_bucketing=s.slot_bucketing,
-                  max_prefill_rows=s.max_prefill_rows, num_windows=s.num_windows,
-                  min_prompt_bucket=min(16, prompt_len))
+    common = dict(
+        num_slots=num_slots, max_prompt_len=prompt_len,
+        max_new_tokens=s.max_new_tokens if max_new_tokens is None else max_new_tokens,
+        sampling=SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p),
+        eos_ids=tuple(tokenizer.eos_ids) if tokenizer is not None else (),
+        chunk_size=s.chunk_size, mesh=mesh, max_prefill_rows=s.max_prefill_rows,
+        num_windows=s.num_windows, min_prompt_bucket=min(16, prompt_len))
+    if s.kv_cache != "paged":
+        return Engine(model_cfg, slot_bucketing=s.slot_bucketing, **common)
+    if (why := paged_problem(model_cfg)) is not None:  # a model read from model.path
+        raise ConfigError(f"sampling.kv_cache=paged: {why}; pass --config.sampling.kv_cache=dense")
+    try:
+        return PagedEngine(model_cfg, page_size=s.page_size, num_pages=s.num_pages, **common)
+    except ValueError as e:  # the pool's size (eval.max_new_tokens may exceed sampling's)
+        raise ConfigError(f"sampling.num_pages: {e}; raise --config.sampling.num_pages "
+                          "(0 = every slot's worst case)") from None
 
 
 # ----------------------------------------------------------------------------- pass rates

@@ -45,6 +45,8 @@ PARAM_RULES: dict[str, tuple[str | None, ...]] = {
     "final_norm": ("norm",),
     "layers/attn_norm": ("layers", "norm"),
     "layers/mlp_norm": ("layers", "norm"),
+    "layers/post_attn_norm": ("layers", "norm"),  # Gemma
+    "layers/post_mlp_norm": ("layers", "norm"),  # Gemma
     "layers/q": ("layers", "embed", "q_heads"),
     "layers/k": ("layers", "embed", "kv_heads"),
     "layers/v": ("layers", "embed", "kv_heads"),

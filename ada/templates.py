@@ -21,12 +21,17 @@ official template stamps today's date; ours takes `date_string`).
   llama3        Llama 3 instruct headers, BOS in the text         user (suffix)
   llama32       Llama 3.1/3.2 instruct: always a system block     system
                 with "Cutting Knowledge Date"/"Today Date"
+  gemma         Gemma 2/3 instruct turns (<start_of_turn>user /  user (suffix)
+                model), BOS in the text. No system role: a
+                system message is folded into the first user
+                turn ("system\\n\\nuser"), as Gemma 3's template
+                does (Gemma 2's raises on one)
   plain         "Question: ...\\nAnswer:" for base models and     user (suffix)
                 the tiny synthetic models
 
 A user-suffix instruction is joined as `problem + " " + instruction` (verl's data recipes).
-Chat renderings carry their special tokens as text (BOS included for Llama), so they are
-encoded with add_special=False; `plain` is encoded with add_special=True (the tokenizer's BOS,
+Chat renderings carry their special tokens as text (BOS included for Llama and Gemma), so they
+are encoded with add_special=False; `plain` is encoded with add_special=True (the tokenizer's BOS,
 if it has one). `encode_prompt` applies that rule; use it rather than calling encode directly.
 """
 
@@ -136,6 +141,25 @@ def _render_llama32(messages, add_generation_prompt, *, date_string=LLAMA32_DEFA
     return "".join(out)
 
 
+def _render_gemma(messages, add_generation_prompt):
+    """Gemma 2/3 instruct: BOS, then alternating user/model turns with trimmed content; a
+    system message is prefixed to the first turn's text (Gemma 3's template)."""
+    prefix = ""
+    if messages[0]["role"] == "system":
+        prefix, messages = messages[0]["content"] + "\n\n", messages[1:]
+    out = ["<bos>"]
+    for k, m in enumerate(messages):
+        if (m["role"] == "user") != (k % 2 == 0):
+            raise ValueError("gemma template: turns must alternate user/assistant/user/..., "
+                             "starting with user (Gemma's template raises otherwise)")
+        role = "model" if m["role"] == "assistant" else "user"
+        text = (prefix if k == 0 else "") + m["content"].strip()
+        out.append(f"<start_of_turn>{role}\n{text}<end_of_turn>\n")
+    if add_generation_prompt:
+        out.append("<start_of_turn>model\n")
+    return "".join(out)
+
+
 def _render_plain(messages, add_generation_prompt):
     """Base models: one question, the answer left open."""
     if len(messages) != 1 or messages[0]["role"] != "user":
@@ -146,6 +170,7 @@ def _render_plain(messages, add_generation_prompt):
 
 _CHATML = ("<|im_start|>", "<|im_end|>")
 _LLAMA = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+_GEMMA = ("<bos>", "<start_of_turn>", "<end_of_turn>")
 
 TEMPLATES: dict[str, Template] = {
     t.name: t
@@ -155,6 +180,7 @@ TEMPLATES: dict[str, Template] = {
         Template("qwen3", _render_qwen3, "user", None, False, _CHATML),
         Template("llama3", _render_llama3, "user", None, False, _LLAMA),
         Template("llama32", _render_llama32, "system", None, False, _LLAMA),
+        Template("gemma", _render_gemma, "user", None, False, _GEMMA),
         Template("plain", _render_plain, "user", None, True, ()),
     )
 }

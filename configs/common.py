@@ -23,7 +23,7 @@ def base() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.path = ""  # a Hugging Face model directory; '' -> random init from the preset
     c.model.preset = "tiny"  # ada.models.presets name, used when path is ''
-    c.model.family = "qwen2"  # qwen2 | qwen3 | llama (ada/models/transformer.py)
+    c.model.family = "qwen2"  # qwen2 | qwen3 | llama | gemma2 | gemma3 (ada/models/transformer.py)
     c.model.hidden_size = 0  # > 0 overrides the preset's size (tiny embedded model)
     c.model.num_layers = 0  # > 0 overrides the preset's depth
     c.model.dtype = "float32"  # compute dtype (and the sampler's weights)
@@ -32,7 +32,7 @@ def base() -> ml_collections.ConfigDict:
 
     c.tokenizer = ml_collections.ConfigDict()
     c.tokenizer.path = ""  # '' -> the model dir's tokenizer, or the task's char tokenizer
-    c.tokenizer.template = "plain"  # ada.templates: plain | qwen25_math | qwen3 | llama32 ...
+    c.tokenizer.template = "plain"  # ada.templates: plain | qwen25_math | qwen3 | llama32 | gemma ...
     c.tokenizer.vocab_size = 96  # synthetic tasks: size of the SentencePiece trained on them
 
     c.data = ml_collections.ConfigDict()
@@ -93,6 +93,13 @@ def base() -> ml_collections.ConfigDict:
     # The sampler's (data, tensor) mesh over this process's devices: slots split over data,
     # heads / MLP / vocabulary over tensor. data=-1: local device count // tensor.
     c.sampling.mesh = (-1, 1)  # the sampler's (data, tensor) mesh; data=-1: all local devices
+    # The decode KV cache (docs/paged.md): dense reserves prompt + max_new_tokens positions
+    # per slot; paged holds pages as responses grow, shares a prompt's pages among its
+    # samples, defers and preempts when a bounded pool runs out (same tokens either way).
+    c.sampling.kv_cache = "dense"  # dense | paged (qwen2, qwen3, llama)
+    c.sampling.page_size = 16  # paged: tokens per page
+    c.sampling.num_pages = 0  # paged: pages in the pool; 0 = every slot's worst case (never preempts)
+    c.sampling.mean_response_len = 0  # ada.plan: mean response tokens slots are planned at with pages; 0 = half of max_new_tokens
 
     # The policy loss: ada.rl.losses.LossConfig, field for field.
     c.loss = ml_collections.ConfigDict()

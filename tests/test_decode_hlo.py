@@ -27,6 +27,7 @@ import pytest
 
 from ada import sharding as shd
 from ada import tpu
+from ada.hlo_bytes import DTYPE_BYTES, HEAD, INSTR
 from ada.models.known import known
 from ada.models.transformer import param_shapes
 from ada.sampling.engine import Engine
@@ -36,16 +37,12 @@ CONFIG = known("qwen2.5-math-1.5b").replace(
     num_layers=2, dtype="bfloat16", param_dtype="bfloat16")
 SLOTS, PROMPT, NEW, STEPS = 16, 128, 128, 2
 
-_DTYPE_BYTES = dict(pred=1, s8=1, u8=1, bf16=2, f16=2, s16=2, u16=2, s32=4, u32=4, f32=4,
-                    s64=8, u64=8, f64=8)
-_ARRAY = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
-_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
-_HEAD = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .*\{$")
+_ARRAY = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
 
 
 def _arrays(text: str) -> list[tuple[int, str, str]]:
     """(bytes, dims, layout without memory space) of every array type in `text`."""
-    return [(_DTYPE_BYTES[a.group(1)] * math.prod(int(d) for d in a.group(2).split(",") if d),
+    return [(DTYPE_BYTES[a.group(1)] * math.prod(int(d) for d in a.group(2).split(",") if d),
              a.group(2), re.sub(r"S\(\d+\)", "", a.group(3) or ""))
             for a in _ARRAY.finditer(text)]
 
@@ -58,11 +55,11 @@ def moves(hlo: str, limit: int) -> list[tuple[str, bool, str]]:
     between memory spaces (the TPU compiler's prefetch into on-chip memory)."""
     types, roots, found, cur = {}, {}, [], None
     for line in hlo.splitlines():
-        if head := _HEAD.match(line):
+        if head := HEAD.match(line):
             cur = head.group(1)
         elif line.startswith("}"):
             cur = None
-        elif cur is not None and (m := _INSTR.match(line)):
+        elif cur is not None and (m := INSTR.match(line)):
             name, rtype, op, rest = m.groups()
             types[name] = rtype
             found.append((rtype, op, rest, line.strip()))

@@ -303,9 +303,10 @@ def test_config_round_trip(config):
     assert config_from_hf(config_to_hf(config)) == config.replace(dtype=config.param_dtype)
     # transformers reads the same numbers back from what ada writes
     hf = transformers.AutoConfig.for_model(**config_to_hf(config))
-    assert (hf.hidden_size, hf.num_key_value_heads, hf.rope_parameters["rope_theta"]) == (
+    rope = hf.rope_parameters.get("full_attention", hf.rope_parameters)  # Gemma 3: per layer type
+    assert (hf.hidden_size, hf.num_key_value_heads, rope["rope_theta"]) == (
         config.hidden_size, config.num_kv_heads, config.rope_theta)
-    assert hf.rope_parameters["rope_type"] == ("llama3" if config.rope_scaling else "default")
+    assert rope["rope_type"] == (config.rope_scaling.rope_type if config.rope_scaling else "default")
 
 
 def test_config_rope_parameters_spelling_and_float16():

@@ -256,7 +256,8 @@ def setup_family(family):
         steps = max(m for _, m in REQUESTS)
         tokens, logits = dense_greedy(params, c, [base[p] for p, _ in REQUESTS], steps)
         lp = np.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[..., None], -1)[..., 0]
-        eng = PagedEngine(c, num_slots=4, num_pages=64, page_size=4, pages_per_slot=8,
+        eng = PagedEngine(c, num_slots=4, num_pages=64, page_size=4, max_prompt_len=16,
+                          max_new_tokens=16,  # 8 pages per slot
                           sampling=GREEDY, chunk_size=4, min_prompt_bucket=16,
                           max_prefill_rows=1, num_windows=2 if family == "qwen2" else 1)
         _SETUPS[family] = dict(config=c, params=params, base=base, engine=eng, tokens=tokens,

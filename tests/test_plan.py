@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ada import config as cfglib
-from ada import hlo_bytes, tpu
+from ada import hlo_bytes, roofline, tpu
 from ada import planner as plan
 from ada import sharding as shd
 from ada.cli.plan import Progress
@@ -58,7 +58,7 @@ def test_planned_bytes_equal_live_bytes_on_cpu():
             (abstract_state.params, state.params, fns.state_sharding.params),
             (abstract_state.opt_state, state.opt_state, fns.state_sharding.opt_state),
             (abstract_batch, batch, shd.batch_shardings(abstract_batch, mesh))]:
-        assert plan.device_bytes(tree, shardings) == device_bytes(live, dev)
+        assert roofline.device_bytes(tree, shardings) == device_bytes(live, dev)
 
     new_state, metrics = compiled(state, batch)
     n_out = len(jax.tree.leaves((new_state, metrics)))
@@ -75,7 +75,7 @@ def test_seven_b_state_splits_over_the_mesh():
     abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, np.float32),
                             param_shapes(QWEN25_MATH_7B), is_leaf=lambda x: isinstance(x, tuple))
     for shape in [(1, 4, 2), (2, 4, 1)]:
-        per_dev = plan.device_bytes(abstract, shd.param_shardings(abstract, shd.make_mesh(shape)))
+        per_dev = roofline.device_bytes(abstract, shd.param_shardings(abstract, shd.make_mesh(shape)))
         ways = shape[1] * shape[2]
         # every matrix splits evenly; only the norms (and, without tensor, nothing else)
         # stay replicated: < 0.05% above total / ways

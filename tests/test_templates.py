@@ -136,7 +136,42 @@ LLAMA32_JINJA = r"""{{- bos_token }}
 {%- endif %}
 """
 
+# google/gemma-2-2b-it and google/gemma-3-1b-it tokenizer_config.json (Gemma 3's branches for
+# list contents and images cut: ada renders string contents only).
+GEMMA2_JINJA = r"""{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"""
+
+GEMMA3_JINJA = r"""{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
 LLAMA_SPECIALS = [
     "<|begin_of_text|>",
     "<|end_of_text|>",
@@ -186,7 +221,14 @@ def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("templates")
     qwen = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}
     llama = {"eos_token": "<|eot_id|>", "bos_token": "<|begin_of_text|>"}
+    gemma = {"eos_token": "<eos>", "bos_token": "<bos>", "pad_token": "<pad>"}
     return {
+        "gemma2": make_hf_dir(
+            root / "gemma2", GEMMA_SPECIALS, {**gemma, "chat_template": GEMMA2_JINJA}
+        ),
+        "gemma3": make_hf_dir(
+            root / "gemma3", GEMMA_SPECIALS, {**gemma, "chat_template": GEMMA3_JINJA}
+        ),
         "qwen25": make_hf_dir(
             root / "qwen25", QWEN_SPECIALS, {**qwen, "chat_template": QWEN25_INSTRUCT_JINJA}
         ),
@@ -226,6 +268,7 @@ CASES = [
     ("llama3", "llama3", {}, {}),
     ("llama32", "llama32", {}, {"date_string": "26 Jul 2024"}),
     ("llama32", "llama32", {"date_string": "01 Jan 2025"}, {"date_string": "01 Jan 2025"}),
+    ("gemma", "gemma3", {}, {}),
 ]
 
 
@@ -250,6 +293,31 @@ def test_prompts_match_transformers(hf_dirs, hf_ref, name, ref_key, opts, ref_kw
         assert render_messages(name, no_system, gen, **opts) == ref_render(
             ref, no_system, gen, **ref_kw
         )
+
+
+def test_gemma_matches_both_official_templates(hf_dirs, hf_ref):
+    """One renderer for Gemma 2 and 3: Gemma 2's template renders the same text wherever it
+    renders at all (it has no system role and raises on one; Gemma 3's folds it into the
+    first user turn, and so does ada: test_prompts_match_transformers)."""
+    ref = hf_ref["gemma2"]
+    tok = load_tokenizer(hf_dirs["gemma2"])
+    for problem in PROBLEMS:
+        text = render_prompt("gemma", problem, "Answer with a number.")
+        assert text == ref_render(ref, prompt_messages("gemma", problem, "Answer with a number."))
+        assert encode_prompt(tok, "gemma", problem) == ref.encode(
+            render_prompt("gemma", problem), add_special_tokens=False)
+    for gen in (True, False):
+        assert render_messages("gemma", CONVERSATION[1:], gen) == ref_render(
+            ref, CONVERSATION[1:], gen)
+    with pytest.raises(Exception, match="System role not supported"):
+        ref_render(ref, CONVERSATION)
+    assert render_messages("gemma", CONVERSATION[:2]) == (
+        "<bos><start_of_turn>user\n Be brief. \n\n1+1?<end_of_turn>\n<start_of_turn>model\n")
+    for bad in ([CONVERSATION[2]], [CONVERSATION[1], CONVERSATION[1]]):
+        with pytest.raises(ValueError, match="alternate"):
+            render_messages("gemma", bad)
+        with pytest.raises(Exception, match="alternate"):
+            ref_render(hf_ref["gemma3"], bad)
 
 
 def test_qwen25_math_is_the_math_models_default(hf_ref):
@@ -277,7 +345,8 @@ def test_exact_strings_of_other_templates():
 
 
 def test_registry_and_input_errors():
-    assert set(TEMPLATES) == {"qwen25_math", "qwen_chat", "qwen3", "llama3", "llama32", "plain"}
+    assert set(TEMPLATES) == {"qwen25_math", "qwen_chat", "qwen3", "llama3", "llama32", "gemma",
+                              "plain"}
     with pytest.raises(ValueError, match=r"unknown prompt template 'chatml'; known templates: \["):
         render_prompt("chatml", "1+1")
     with pytest.raises(TypeError, match=r"unknown options \['enable_thinking'\]; it accepts none"):

@@ -42,6 +42,22 @@ def cpu_devices(n: int) -> list:
     return jax.devices()[:n]
 
 
+def observed_response_len(workdir: str, last: int = 20) -> int:
+    """A run's mean response length in tokens: `response_tokens_mean` over its last `last`
+    steps (metrics.jsonl), for planning the paged cache at what the run really draws."""
+    path = pathlib.Path(workdir) / "metrics.jsonl"
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--run {workdir}: cannot read {path} ({e}); pass a run's workdir "
+                          "or set --config.sampling.mean_response_len") from None
+    means = [r["response_tokens_mean"] for r in rows if "response_tokens_mean" in r][-last:]
+    if not means:
+        raise ConfigError(f"--run {workdir}: {path} has no step with response_tokens_mean yet; "
+                          "set --config.sampling.mean_response_len")
+    return max(1, round(sum(means) / len(means)))
+
+
 class Progress:
     """What `ada.plan` is compiling, for how long, and how long the last compile of its kind
     took: one line redrawn each second on a terminal, plain lines in a log (a start line, a
@@ -142,6 +158,12 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                    + ("" if hbm is None else "  fits" if fits(f, hbm) else "  DOES NOT FIT"))
     if p["max_num_slots"] is not None:
         out.append(f"max num_slots: {p['max_num_slots']} ({p['max_num_slots_method']})")
+    if pg := p.get("paged"):
+        out.append(f"paged KV cache (sampling.kv_cache=paged, page {pg['page_size']}): "
+                   f"{pg['mean_fill_slots']} slots per host fit at a mean response of "
+                   f"{pg['mean_response_len']:g} tokens ({pg['mean_from']}), "
+                   f"{pg['ratio']:.1f}x the {pg['worst_case_slots']} of the worst case "
+                   "(every slot reserving the whole window)")
     if e := p.get("estimate"):
         f = lambda key, spec, scale=1: "-" if e[key] is None else format(e[key] * scale, spec)
         out += ["ESTIMATE (roofline bound from the compiler's costs, not measured; '-': no fit):",
@@ -149,6 +171,11 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                 f"  decode     <= {f('decode_tokens_per_s_per_chip', ',.0f')} tokens/s/chip at "
                 f"{e['decode_num_slots']} slots (attending to the whole cache)",
                 bytes_line(e.get("decode_bytes"), "bytes/step/chip"),
+                *([f"  paged      <= {e['paged']['tokens_per_s_per_chip']:,.0f} tokens/s/chip at "
+                   f"{e['paged']['num_slots']} slots per host at the mean fill (analytic: the "
+                   f"weights, {e['paged']['kv_bytes'] / 1e9:.2f} GB of pages read and the "
+                   f"logits, {e['paged']['bytes'] / 1e9:.2f} GB/step/chip; "
+                   f"{e['paged']['bound']} bind)"] if e.get("paged") else []),
                 f"  prefill    <= {f('prefill_tokens_per_s_per_chip', ',.0f')} tokens/s/chip",
                 bytes_line(e.get("prefill_bytes"), "bytes/call/chip"),
                 f"  reshard    >= {f('reshard_s', '.1f', 1e3)} ms (HBM traffic only)"]
@@ -172,6 +199,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", help="a known model's shapes (ada/models/known.py) instead")
     ap.add_argument("--hbm-gib", type=float, help="HBM to compare with (default: the chip's)")
     ap.add_argument("--json", help="write the plan to this file")
+    ap.add_argument("--run", metavar="WORKDIR", help="plan the paged cache's slots at this run's "
+                    "observed mean response length (its metrics.jsonl) when "
+                    "sampling.mean_response_len is 0")
     ap.add_argument("--no-train-estimate", action="store_true", help="skip the train step's "
                     "roofline (its probe compiles take most of a plan's time)")
     ap.add_argument("--explain", type=int, nargs="?", const=15, default=0, metavar="N",
@@ -182,6 +212,8 @@ def main(argv=None) -> int:
         args = ap.parse_args(rest)
         config = cfglib.build_config(args.config, overrides)
         model_cfg = check_config(config, args.model)
+        if args.run and not config.sampling.mean_response_len:
+            config.sampling.mean_response_len = observed_response_len(args.run)
         chip = args.topology and parse_topology(args.topology)
         if args.hbm_gib is not None and args.hbm_gib <= 0:
             raise ConfigError(f"--hbm-gib {args.hbm_gib:g}: give the GiB per chip, above 0")
@@ -198,6 +230,8 @@ def main(argv=None) -> int:
     except (ConfigError, SliceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.run and p.get("paged") and p["paged"]["mean_from"] == "sampling.mean_response_len":
+        p["paged"]["mean_from"] = f"observed over the last steps of {args.run}"
     p.update(model=args.model or os.path.basename(config.model.path.rstrip("/"))
              or f"{config.model.preset} {model_cfg.family}", topology=args.topology,
              config=args.config, overrides=dict(overrides), hbm_bytes=hbm, chip=chip and dict(

@@ -161,6 +161,9 @@ def load_served(args, config, label: str, step: int | None) -> Served:
     max_new = args.max_new_tokens or config.sampling.max_new_tokens
     # One more position for the BOS JetStream prepends (masked out); its buckets start at 16.
     config.data.max_prompt_len = max(16, (args.max_prompt_len or config.data.max_prompt_len) + 1)
+    # JetStream's orchestrator fills slots itself (insert / generate): it serves from the
+    # dense cache; sampling.kv_cache=paged is the Driver's (training, evaluation, pass rates).
+    config.sampling.kv_cache = "dense"
     try:  # a ValueError here is an unreadable tokenizer, model config or weights
         run = setup.load_run(args.workdir, step, config=config)
         engine = setup.make_engine(config, run.model_cfg, run.tokenizer,

@@ -15,6 +15,12 @@ Name map (HF stores linear weights [out, in]; ada stores [in, out] stacked over 
   model.layers.{i}.self_attn.{q,k}_norm.weight     -> layers/{q,k}_norm[i]    (qwen3)
   model.layers.{i}.mlp.{gate,up,down}_proj.weight  -> layers/{gate,up,down}[i] (transposed)
 
+Gemma (2 and 3) instead: post_attention_layernorm -> layers/post_attn_norm (after attention),
+pre_feedforward_layernorm -> layers/mlp_norm, post_feedforward_layernorm ->
+layers/post_mlp_norm. A Gemma3ForConditionalGeneration checkpoint keeps the text model under
+`language_model.model.` (as published) or `model.language_model.` (as transformers 5 saves
+it) instead of `model.`; its vision tower and projector tensors are skipped.
+
 Policy for bad checkpoints: everything is validated from the config and the safetensors
 headers before any weight is read, and every problem raises `CheckpointError` naming the
 file, key or tensor. Unknown extra tensors are an error (silently dropping e.g. an
@@ -45,6 +51,10 @@ INDEX_FILE = "model.safetensors.index.json"
 
 # Buffers some exports carry that are not parameters; safe to skip.
 _IGNORED_TENSORS = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+# Where the text model's tensors live: a *ForCausalLM, then the two spellings of Gemma 3's
+# multimodal checkpoint (whose vision tensors are then skipped).
+TEXT_PREFIXES = ("model.", "language_model.model.", "model.language_model.")
+_VISION_TENSORS = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
 
 # ada leaf -> (HF name, stored transposed). Per-layer names get "model.layers.{i}." prefixed.
 _TOP_NAMES = {
@@ -69,6 +79,13 @@ _LAYER_NAMES = {
     "down": ("mlp.down_proj.weight", True),
 }
 
+_GEMMA_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attn_norm": ("post_attention_layernorm.weight", False),
+    "mlp_norm": ("pre_feedforward_layernorm.weight", False),
+    "post_mlp_norm": ("post_feedforward_layernorm.weight", False),
+}
+
 # safetensors dtype tags ada loads
 _ST_DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
@@ -86,9 +103,22 @@ class TensorSpec:
     transpose: bool
 
 
-def tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
-    """Every HF tensor the config implies, derived from `param_shapes` (the one layout)."""
+def _head_name(prefix: str) -> str:
+    return "language_model.lm_head.weight" if prefix == "language_model.model." else "lm_head.weight"
+
+
+def text_prefix(headers) -> str:
+    """The prefix of the text model's tensors in a checkpoint (TEXT_PREFIXES)."""
+    return next((p for p in TEXT_PREFIXES if f"{p}embed_tokens.weight" in headers), "model.")
+
+
+def tensor_specs(config: ModelConfig, prefix: str = "model.") -> dict[str, TensorSpec]:
+    """Every HF tensor the config implies, derived from `param_shapes` (the one layout), with
+    the text model under `prefix`."""
     shapes = param_shapes(config)
+    layer_names = _GEMMA_LAYER_NAMES if config.gemma else _LAYER_NAMES
+    top_names = {"embed": f"{prefix}embed_tokens.weight", "final_norm": f"{prefix}norm.weight",
+                 "lm_head": _head_name(prefix)}
     specs = {}
 
     def add(hf_name, leaf, layer, ada_shape, transpose):
@@ -98,12 +128,11 @@ def tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
     for key, shape in shapes.items():
         if key == "layers":
             continue
-        name, transpose = _TOP_NAMES[key]
-        add(name, (key,), None, shape, transpose)
+        add(top_names[key], (key,), None, shape, _TOP_NAMES[key][1])
     for key, shape in shapes["layers"].items():
-        suffix, transpose = _LAYER_NAMES[key]
+        suffix, transpose = layer_names[key]
         for i in range(config.num_layers):
-            add(f"model.layers.{i}.{suffix}", ("layers", key), i, shape[1:], transpose)
+            add(f"{prefix}layers.{i}.{suffix}", ("layers", key), i, shape[1:], transpose)
     return specs
 
 
@@ -166,12 +195,14 @@ def read_headers(files: dict[str, str]) -> dict[str, tuple[str, tuple[int, ...],
 
 def validate_tensors(config: ModelConfig, headers: dict, path: str = "") -> dict[str, TensorSpec]:
     """Check names and shapes of the stored tensors against the config; returns the specs."""
-    specs = tensor_specs(config)
+    prefix = text_prefix(headers)
+    specs = tensor_specs(config, prefix)
+    head, embed = _head_name(prefix), f"{prefix}embed_tokens.weight"
     where = f"{path}: " if path else ""
     missing = [n for n in specs if n not in headers]
     if missing:
         hint = ""
-        if missing == ["lm_head.weight"]:
+        if missing == [head]:
             hint = " (config says tie_word_embeddings=false; set it to true if the model ties)"
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise CheckpointError(f"{where}missing tensor {missing[0]!r}{more}{hint}")
@@ -184,15 +215,16 @@ def validate_tensors(config: ModelConfig, headers: dict, path: str = "") -> dict
             )
         if dt not in _ST_DTYPE_NAMES:
             raise CheckpointError(f"{where}tensor {name!r} has dtype {dt}; expected a float type")
-    extra = sorted(n for n in headers if n not in specs and not _IGNORED_TENSORS.search(n))
-    if config.tie_embeddings and "lm_head.weight" in extra:
-        shape = headers["lm_head.weight"][1]
-        if tuple(shape) != specs["model.embed_tokens.weight"].hf_shape:
+    extra = sorted(n for n in headers if n not in specs and not _IGNORED_TENSORS.search(n)
+                   and not (prefix != "model." and _VISION_TENSORS.match(n)))
+    if config.tie_embeddings and head in extra:
+        shape = headers[head][1]
+        if tuple(shape) != specs[embed].hf_shape:
             raise CheckpointError(
-                f"{where}tied embeddings but tensor 'lm_head.weight' has shape {list(shape)}, "
-                f"expected {list(specs['model.embed_tokens.weight'].hf_shape)}"
+                f"{where}tied embeddings but tensor {head!r} has shape {list(shape)}, "
+                f"expected {list(specs[embed].hf_shape)}"
             )
-        extra.remove("lm_head.weight")  # checked for equality with the embedding while loading
+        extra.remove(head)  # checked for equality with the embedding while loading
     if extra:
         more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
         raise CheckpointError(
@@ -266,13 +298,15 @@ def load_hf(
             handles[file] = safe_open(file, framework="np")
         return handles[file].get_tensor(name)
 
-    if config.tie_embeddings and "lm_head.weight" in headers:
-        head = read("lm_head.weight")
-        embed = read("model.embed_tokens.weight")
+    prefix = text_prefix(headers)
+    head_name, embed_name = _head_name(prefix), f"{prefix}embed_tokens.weight"
+    if config.tie_embeddings and head_name in headers:
+        head = read(head_name)
+        embed = read(embed_name)
         if not np.array_equal(head, embed):
             raise CheckpointError(
-                f"{path}: config says tie_word_embeddings=true but 'lm_head.weight' differs from "
-                "'model.embed_tokens.weight'; set tie_word_embeddings=false to load both"
+                f"{path}: config says tie_word_embeddings=true but {head_name!r} differs from "
+                f"{embed_name!r}; set tie_word_embeddings=false to load both"
             )
         del head, embed
 
@@ -402,6 +436,7 @@ def save_hf(
 
 
 __all__ = [
-    "load_hf", "read_headers", "read_safetensors_header", "save_hf", "tensor_specs",
+    "TEXT_PREFIXES", "load_hf", "read_headers", "read_safetensors_header", "save_hf",
+    "tensor_specs", "text_prefix",
     "validate_tensors", "weight_files",
 ]

@@ -1,14 +1,22 @@
 """Hugging Face `config.json` <-> ModelConfig, with no weights involved.
 
-Three supported architectures map to the families of `ada.models.transformer`:
+The supported architectures map to the families of `ada.models.transformer`:
 
   Qwen2ForCausalLM (Qwen2, Qwen2.5, Qwen2.5-Math)   -> "qwen2"
   Qwen3ForCausalLM                                 -> "qwen3"
   LlamaForCausalLM (Llama 3.x with llama3 RoPE)     -> "llama"
+  Gemma2ForCausalLM                                -> "gemma2"
+  Gemma3ForCausalLM (gemma3_text, e.g. Gemma 3 1B)  -> "gemma3"
+  Gemma3ForConditionalGeneration (4B and up)       -> "gemma3": the text model only, from
+                                                      `text_config` (the vision tower's
+                                                      weights are skipped by ada.models.hf)
 
-Anything ada does not implement (other architectures or RoPE types, sliding windows, extra
-biases) is rejected here, before `ada.models.hf` reads a tensor, with a `CheckpointError` that
-names the file and key.
+Gemma's local/global layers (`layer_types`, or the default pattern of `sliding_window_pattern`)
+become `ModelConfig.sliding_windows`; keys a Gemma config.json may omit take transformers'
+defaults (the published Gemma 3 `text_config`s omit most). A model is written back as the
+text-only *ForCausalLM. Anything ada does not implement (other architectures or RoPE types,
+sliding windows outside Gemma, extra biases) is rejected here, before `ada.models.hf` reads a
+tensor, with a `CheckpointError` that names the file and key.
 """
 
 from __future__ import annotations
@@ -17,13 +25,43 @@ import json
 import os
 from typing import Any
 
-from ada.models.transformer import Llama3RopeScaling, ModelConfig
+from ada.models.model_config import (
+    GEMMA_PATTERN,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    ModelConfig,
+    gemma_windows,
+)
 
 CONFIG_FILE = "config.json"
 
-ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
-FAMILY_ARCHITECTURE = {family: arch for arch, family in ARCHITECTURES.items()}
+ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama",
+                 "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
+                 "Gemma3ForConditionalGeneration": "gemma3"}
+FAMILY_ARCHITECTURE = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                       "llama": "LlamaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                       "gemma3": "Gemma3ForCausalLM"}
+# The model_type each architecture's config.json carries.
+ARCH_MODEL_TYPE = {"Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3"}
 ROPE_TYPES = ("default", "llama3")
+GEMMA_ROPE_TYPES = ("default", "linear")  # linear on the global layers (Gemma 3 4B and up)
+
+# transformers' Gemma2Config / Gemma3TextConfig defaults, for keys a config.json omits.
+GEMMA_DEFAULTS = {
+    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216,
+                   num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                   head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                   rope_theta=10000.0, query_pre_attn_scalar=256, sliding_window=4096,
+                   final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                   tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh"),
+    "gemma3": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216,
+                   num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                   head_dim=256, max_position_embeddings=131072, rms_norm_eps=1e-6,
+                   rope_theta=1_000_000.0, rope_local_base_freq=10000.0,
+                   query_pre_attn_scalar=256, sliding_window=4096,
+                   final_logit_softcapping=None, attn_logit_softcapping=None,
+                   tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh"),
+}
 
 
 class CheckpointError(ValueError):
@@ -39,10 +77,12 @@ def _get_int(cfg: dict, key: str, source: str, default: int | None = None) -> in
     return value
 
 
-def _rope_fields(cfg: dict, source: str) -> tuple[float, Llama3RopeScaling | None]:
-    """RoPE theta and scaling from either spelling: `rope_theta` + `rope_scaling` (transformers
-    4) or `rope_parameters` (transformers 5, theta inside). The newer spelling wins."""
-    rope: dict[str, Any] = {}
+def _rope_dicts(cfg: dict, source: str, layer_types: tuple[str, ...]) -> tuple[dict, dict]:
+    """The RoPE settings of the global and the sliding-window layers, from either spelling:
+    `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5, theta inside, per
+    layer type where the layer types differ); the newer spelling wins."""
+    glob: dict[str, Any] = {}
+    local: dict[str, Any] = {}
     for key in ("rope_scaling", "rope_parameters"):
         value = cfg.get(key)
         if value is None:
@@ -50,13 +90,21 @@ def _rope_fields(cfg: dict, source: str) -> tuple[float, Llama3RopeScaling | Non
         if not isinstance(value, dict):
             raise CheckpointError(f"{source}: {key!r} must be an object, got {value!r}")
         if value and all(isinstance(v, dict) for v in value.values()):  # per-layer-type form
-            if set(value) != {"full_attention"}:
-                raise CheckpointError(
-                    f"{source}: {key!r} has per-layer-type RoPE {sorted(value)}; only "
-                    "'full_attention' is supported"
-                )
-            value = value["full_attention"]
-        rope.update(value)
+            unknown = sorted(set(value) - set(layer_types))
+            if unknown:
+                raise CheckpointError(f"{source}: {key!r} has RoPE for layer types {unknown}; "
+                                      f"this architecture has only {list(layer_types)}")
+            glob.update(value.get("full_attention") or {})
+            local.update(value.get("sliding_attention") or {})
+        else:
+            glob.update(value)
+    return glob, local
+
+
+def _rope_fields(cfg: dict, source: str) -> tuple[float, Llama3RopeScaling | None]:
+    """RoPE theta and scaling from either spelling: `rope_theta` + `rope_scaling` (transformers
+    4) or `rope_parameters` (transformers 5, theta inside). The newer spelling wins."""
+    rope, _ = _rope_dicts(cfg, source, ("full_attention",))
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
         raise CheckpointError(f"{source}: rope_theta must be a positive number, got {theta!r}")
@@ -90,9 +138,81 @@ def _checkpoint_dtype(cfg: dict, source: str) -> str:
     raise CheckpointError(f"{source}: dtype {name!r} is not supported (float32, bfloat16, float16)")
 
 
+def _text_config(cfg: dict, source: str) -> dict:
+    """A Gemma3ForConditionalGeneration config's text model: its `text_config`, with the
+    outer dtype and tying where the text config does not say."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointError(f"{source}: a Gemma 3 multimodal config needs a 'text_config' object")
+    outer = {k: cfg[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in cfg}
+    return {**outer, **text}
+
+
+def _gemma_rope(cfg: dict, source: str):
+    """(theta, scaling, local theta) of a Gemma config, from either spelling: transformers 4's
+    rope_theta / rope_scaling (global layers) / rope_local_base_freq, or transformers 5's
+    rope_parameters, per layer type for Gemma 3."""
+    glob, local = _rope_dicts(cfg, source, ("full_attention", "sliding_attention"))
+    theta = glob.get("rope_theta", cfg.get("rope_theta"))
+    local_theta = local.get("rope_theta", cfg.get("rope_local_base_freq", theta))
+    for name, value in (("rope_theta", theta), ("local rope_theta", local_theta)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise CheckpointError(f"{source}: {name} must be a positive number, got {value!r}")
+    if local.get("rope_type", "default") != "default":
+        raise CheckpointError(f"{source}: RoPE type {local['rope_type']!r} on the sliding layers "
+                              "is not supported (only 'default')")
+    rope_type = glob.get("rope_type", glob.get("type", "default"))
+    if rope_type not in GEMMA_ROPE_TYPES:
+        raise CheckpointError(f"{source}: RoPE type {rope_type!r} is not supported; supported "
+                              f"types: {GEMMA_ROPE_TYPES}")
+    scaling = None
+    if rope_type == "linear":
+        factor = glob.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
+            raise CheckpointError(f"{source}: linear RoPE scaling needs a positive 'factor'")
+        scaling = LinearRopeScaling(float(factor))
+    return float(theta), scaling, float(local_theta)
+
+
+def _gemma_fields(cfg: dict, family: str, layers: int, source: str) -> dict:
+    """The ModelConfig fields only Gemma sets."""
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act")
+    if act != "gelu_pytorch_tanh":
+        raise CheckpointError(f"{source}: hidden_activation {act!r} is not supported "
+                              "(only 'gelu_pytorch_tanh')")
+    if cfg.get("use_bidirectional_attention"):
+        raise CheckpointError(f"{source}: use_bidirectional_attention=true is not supported")
+    window = _get_int(cfg, "sliding_window", source)
+    layer_types = cfg.get("layer_types")
+    if layer_types:
+        if len(layer_types) != layers:
+            raise CheckpointError(f"{source}: layer_types has {len(layer_types)} entries for "
+                                  f"num_hidden_layers={layers}")
+        other = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if other:
+            raise CheckpointError(f"{source}: layer_types {other} not supported")
+        windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
+    else:
+        pattern = _get_int(cfg, "sliding_window_pattern", source, GEMMA_PATTERN[family])
+        windows = gemma_windows(family, layers, window, pattern)
+    theta, scaling, local_theta = _gemma_rope(cfg, source)
+    caps = {}
+    for key, field in (("attn_logit_softcapping", "attn_logit_softcap"),
+                       ("final_logit_softcapping", "final_logit_softcap"),
+                       ("query_pre_attn_scalar", "query_pre_attn_scalar")):
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise CheckpointError(f"{source}: {key!r} must be a number or null, got {value!r}")
+        caps[field] = None if value is None else float(value)
+    return dict(sliding_windows=windows, rope_theta=theta, rope_scaling=scaling,
+                rope_local_theta=None if family == "gemma2" else local_theta,
+                qk_norm=family == "gemma3", **caps)
+
+
 def config_from_hf(cfg: dict, source: str = CONFIG_FILE) -> ModelConfig:
-    """Map a Qwen2/Qwen3/Llama `config.json` dict to a ModelConfig, rejecting what ada does not
-    implement (other architectures, RoPE types, sliding windows, extra biases)."""
+    """Map a supported `config.json` dict (module docstring) to a ModelConfig, rejecting what
+    ada does not implement (other architectures, RoPE types, sliding windows outside Gemma,
+    extra biases)."""
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
     supported = ", ".join(ARCHITECTURES)
@@ -107,18 +227,26 @@ def config_from_hf(cfg: dict, source: str = CONFIG_FILE) -> ModelConfig:
                 f"{source}: unsupported architecture {archs}; supported: {supported}"
             )
         family = ARCHITECTURES[known[0]]
-        if model_type is not None and model_type != family:
+        expected = ARCH_MODEL_TYPE.get(known[0], family)
+        if model_type is not None and model_type != expected:
             raise CheckpointError(
                 f"{source}: model_type {model_type!r} does not match architecture {known[0]} "
-                f"(expected model_type {family!r})"
+                f"(expected model_type {expected!r})"
             )
-    elif model_type in FAMILY_ARCHITECTURE:
-        family = model_type
+        multimodal = known[0] == "Gemma3ForConditionalGeneration"
+    elif model_type in FAMILY_ARCHITECTURE or model_type == "gemma3_text":
+        family, multimodal = "gemma3" if model_type == "gemma3_text" else model_type, False
     else:
         raise CheckpointError(
             f"{source}: no 'architectures' and unknown model_type {model_type!r}; "
             f"supported: {supported}"
         )
+    if model_type == "gemma3":
+        multimodal = True
+    if multimodal:
+        cfg = _text_config(cfg, source)
+    if family in GEMMA_DEFAULTS:
+        cfg = {**GEMMA_DEFAULTS[family], **cfg}
 
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads")
@@ -139,9 +267,9 @@ def config_from_hf(cfg: dict, source: str = CONFIG_FILE) -> ModelConfig:
     head_dim = _get_int({"head_dim": head_dim}, "head_dim", source)
 
     act = cfg.get("hidden_act", "silu")
-    if act != "silu":
+    if act != "silu" and family not in GEMMA_DEFAULTS:
         raise CheckpointError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
-    if family in ("qwen3", "llama") and cfg.get("attention_bias"):
+    if family != "qwen2" and cfg.get("attention_bias"):
         raise CheckpointError(
             f"{source}: attention_bias=true is not supported for {family} (ada has no q/k/v/o "
             "bias for this family)"
@@ -155,10 +283,14 @@ def config_from_hf(cfg: dict, source: str = CONFIG_FILE) -> ModelConfig:
         )
     layer_types = cfg.get("layer_types") or []
     other = sorted({t for t in layer_types if t != "full_attention"})
-    if other:
+    layers = _get_int(cfg, "num_hidden_layers", source)
+    if family in GEMMA_DEFAULTS:
+        gemma = _gemma_fields(cfg, family, layers, source)
+    elif other:
         raise CheckpointError(f"{source}: layer_types {other} not supported (only full_attention)")
-
-    theta, scaling = _rope_fields(cfg, source)
+    else:
+        theta, scaling = _rope_fields(cfg, source)
+        gemma = dict(rope_theta=theta, rope_scaling=scaling, qk_norm=family == "qwen3")
     eps = cfg.get("rms_norm_eps", 1e-6)
     tie = cfg.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
@@ -170,19 +302,17 @@ def config_from_hf(cfg: dict, source: str = CONFIG_FILE) -> ModelConfig:
             vocab_size=_get_int(cfg, "vocab_size", source),
             hidden_size=hidden,
             intermediate_size=_get_int(cfg, "intermediate_size", source),
-            num_layers=_get_int(cfg, "num_hidden_layers", source),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            rope_theta=theta,
-            rope_scaling=scaling,
             rms_norm_eps=float(eps),
             qkv_bias=family == "qwen2",
-            qk_norm=family == "qwen3",
             tie_embeddings=tie,
             max_position_embeddings=_get_int(cfg, "max_position_embeddings", source, 32768),
             dtype=dtype,
             param_dtype=dtype,
+            **gemma,
         )
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from None
@@ -191,6 +321,8 @@ def config_from_hf(cfg: dict, source: str = CONFIG_FILE) -> ModelConfig:
 def config_to_hf(config: ModelConfig, dtype: str | None = None) -> dict:
     """The `config.json` dict for `config` (both RoPE spellings, so transformers 4 and 5 read it)."""
     c = config
+    if c.gemma:
+        return _gemma_to_hf(c, dtype)
     rope_params: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
     legacy_scaling = None
     if c.rope_scaling is not None:
@@ -204,13 +336,7 @@ def config_to_hf(config: ModelConfig, dtype: str | None = None) -> dict:
     out = {
         "architectures": [FAMILY_ARCHITECTURE[c.family]],
         "model_type": c.family,
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
+        **_shapes(c),
         "hidden_act": "silu",
         "max_position_embeddings": c.max_position_embeddings,
         "rms_norm_eps": c.rms_norm_eps,
@@ -229,6 +355,63 @@ def config_to_hf(config: ModelConfig, dtype: str | None = None) -> dict:
         out["mlp_bias"] = False
     else:
         out["use_sliding_window"] = False
+    return out
+
+
+def _shapes(c: ModelConfig) -> dict:
+    """The config.json keys of a model's sizes, the same for every family."""
+    return {"vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+            "head_dim": c.head_dim}
+
+
+def _int_if_whole(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x  # transformers' Gemma configs want an int
+
+
+def _gemma_to_hf(c: ModelConfig, dtype: str | None) -> dict:
+    """A Gemma 2 or text-only Gemma 3 (Gemma3ForCausalLM) config.json."""
+    sizes = {w for w in c.layer_windows if w is not None}
+    if len(sizes) > 1:
+        raise ValueError(f"sliding_windows {c.sliding_windows}: a Gemma config.json has one "
+                         "sliding_window for every local layer")
+    scaling = None if c.rope_scaling is None else {"rope_type": "linear",
+                                                    "factor": c.rope_scaling.factor}
+    if c.rope_scaling is not None and not isinstance(c.rope_scaling, LinearRopeScaling):
+        raise ValueError(f"{c.family}: RoPE scaling {c.rope_scaling} has no Gemma spelling")
+    rope_global = {"rope_type": "default", **(scaling or {}), "rope_theta": c.rope_theta}
+    local_theta = c.rope_local_theta or c.rope_theta
+    out = {
+        "architectures": [FAMILY_ARCHITECTURE[c.family]],
+        "model_type": "gemma2" if c.family == "gemma2" else "gemma3_text",
+        **_shapes(c),
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": scaling,
+        "query_pre_attn_scalar": _int_if_whole(c.query_pre_attn_scalar or c.head_dim),
+        "sliding_window": sizes.pop() if sizes else 4096,
+        "layer_types": ["full_attention" if w is None else "sliding_attention"
+                        for w in c.layer_windows],
+        "attn_logit_softcapping": c.attn_logit_softcap,
+        "final_logit_softcapping": c.final_logit_softcap,
+        "tie_word_embeddings": c.tie_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_cache": True,
+        "dtype": dtype or c.param_dtype,
+        "torch_dtype": dtype or c.param_dtype,
+    }
+    if c.family == "gemma2":
+        if c.rope_scaling is not None or c.rope_local_theta not in (None, c.rope_theta):
+            raise ValueError("gemma2: one RoPE for every layer (no scaling, no local base)")
+        out["rope_parameters"] = rope_global
+    else:
+        out["rope_local_base_freq"] = local_theta
+        out["rope_parameters"] = {"full_attention": rope_global, "sliding_attention": {
+            "rope_type": "default", "rope_theta": local_theta}}
     return out
 
 

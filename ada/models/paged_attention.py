@@ -45,6 +45,22 @@ from ada.models.transformer import (
 )
 
 NULL_PAGE = 0
+PAGED_FAMILIES = ("qwen2", "qwen3", "llama")  # the families paged_forward computes
+# ModelConfig fields paged_forward does not implement (Gemma's); any of them set: refused.
+_UNSERVED_FIELDS = ("sliding_windows", "attn_logit_softcap", "final_logit_softcap",
+                    "query_pre_attn_scalar", "rope_local_theta")
+
+
+def paged_problem(config: ModelConfig) -> str | None:
+    """Why the paged cache cannot serve this model (None when it can): paged_forward is the
+    plain pre-norm decoder of PAGED_FAMILIES, with no sliding window or soft-capping."""
+    if config.family not in PAGED_FAMILIES:
+        return (f"model family {config.family!r} is not served by the paged cache (it serves "
+                f"{', '.join(PAGED_FAMILIES)})")
+    for name in _UNSERVED_FIELDS:
+        if getattr(config, name, None) not in (None, ()):
+            return f"the paged cache does not implement the model's {name}={getattr(config, name)}"
+    return None
 
 
 @struct.dataclass

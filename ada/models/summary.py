@@ -55,7 +55,7 @@ def inspect_checkpoint(path: str | os.PathLike) -> dict:
         vocab_size=config.vocab_size,
         tied_embeddings=config.tie_embeddings,
         rope_theta=config.rope_theta,
-        rope_scaling="llama3" if config.rope_scaling else None,
+        rope_scaling=config.rope_scaling.rope_type if config.rope_scaling else None,
     )
     return info
 

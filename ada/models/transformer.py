@@ -1,12 +1,22 @@
-"""One decoder-only transformer for the Qwen2/2.5, Qwen3 and Llama 3 families.
+"""One decoder-only transformer for the Qwen2/2.5, Qwen3, Llama 3, Gemma 2 and Gemma 3 families.
 
-Pure functions over a parameter pytree; the config is a frozen (hashable) dataclass so it
-can be a static argument of `jax.jit`. The families differ only in a few switches:
+Pure functions over a parameter pytree; the config (ada/models/model_config.py) is a frozen
+(hashable) dataclass so it can be a static argument of `jax.jit`. The families differ only
+in a few switches:
 
-  family   q/k/v bias   per-head q/k RMSNorm   head_dim          RoPE scaling
-  qwen2    yes          no                     hidden / heads    none
-  qwen3    no           yes                    free (config)     none
-  llama    no           no                     hidden / heads    llama3 (optional)
+  family   q/k/v bias  q/k RMSNorm  head_dim        RoPE scaling        attention
+  qwen2    yes         no           hidden / heads  none                global
+  qwen3    no          yes          free (config)   none                global
+  llama    no          no           hidden / heads  llama3 (optional)   global
+  gemma2   no          no           free (config)   none                local 1:1 global,
+                                                                        soft-capped scores
+  gemma3   no          yes          free (config)   linear (global      local 5:1 global,
+                                                    layers; optional)   own local RoPE base
+
+Gemma's block besides: RMSNorm scales by (1 + w), norms after attention and after the MLP
+as well as before, a GeGLU MLP (tanh GELU), embeddings scaled by sqrt(hidden), scores
+scaled by query_pre_attn_scalar**-0.5, and Gemma 2's final logits soft-capped. A local
+layer's query at position p sees keys at positions > p - window (`sliding_windows`).
 
 Parameter layout (weights stored [in, out]; every per-layer tensor is stacked on a leading
 layer axis L so the training forward runs the blocks under `lax.scan`, which keeps compile
@@ -17,6 +27,7 @@ time flat in depth):
   layers/o [L, H*Hd, D]    layers/q_bias [L, H*Hd], k_bias/v_bias [L, K*Hd]  (qkv_bias)
   layers/q_norm, layers/k_norm [L, Hd]  (qk_norm)
   layers/mlp_norm [L, D]   layers/gate, layers/up [L, D, F]  layers/down [L, F, D]
+  layers/post_attn_norm, layers/post_mlp_norm [L, D]  (Gemma)
 
 Shape suffixes: B batch, T new tokens, S cache length, D hidden, H query heads,
 K key/value heads, G = H // K, Hd head dim, F MLP width, V vocabulary, L layers.
@@ -31,7 +42,6 @@ The cost is a compile time that grows with depth for the cached path.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -39,65 +49,29 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from ada.models.layers import (
+    apply_rope,
+    attention,
+    decode_attention,
+    dense,
+    rms_norm,
+    rope_inv_freq,
+    softcap,
+    write_kv,
+    write_rows,
+)
+from ada.models.model_config import (
+    FAMILIES,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    ModelConfig,
+)
+
 Params = dict[str, Any]
 
-FAMILIES = ("qwen2", "qwen3", "llama")
-
-
-@dataclasses.dataclass(frozen=True)
-class Llama3RopeScaling:
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    family: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rope_theta: float = 10000.0
-    rope_scaling: Llama3RopeScaling | None = None
-    rms_norm_eps: float = 1e-6
-    qkv_bias: bool = False
-    qk_norm: bool = False
-    tie_embeddings: bool = False
-    max_position_embeddings: int = 32768
-    dtype: str = "float32"  # compute dtype: "float32" or "bfloat16"
-    param_dtype: str = "float32"
-
-    def __post_init__(self):
-        problems = []
-        if self.family not in FAMILIES:
-            problems.append(f"family={self.family!r} is not one of {FAMILIES}")
-        if self.num_heads % max(self.num_kv_heads, 1):
-            problems.append(
-                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
-            )
-        if self.head_dim % 2:
-            problems.append(f"head_dim={self.head_dim} must be even for RoPE")
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in ("float32", "bfloat16"):
-                problems.append(f"{name}={getattr(self, name)!r} must be 'float32' or 'bfloat16'")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads"):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name}={getattr(self, name)} must be positive")
-        if problems:
-            raise ValueError("invalid ModelConfig: " + "; ".join(problems))
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
-    def replace(self, **changes) -> ModelConfig:
-        return dataclasses.replace(self, **changes)
+# A global layer's window under `lax.scan` when local and global layers mix: a query sees
+# every earlier key (positions stay far below it).
+_NO_WINDOW = 1 << 30
 
 
 @struct.dataclass
@@ -159,6 +133,8 @@ def param_shapes(config: ModelConfig) -> dict[str, Any]:
         layers.update(q_bias=(L, qd), k_bias=(L, kvd), v_bias=(L, kvd))
     if c.qk_norm:
         layers.update(q_norm=(L, c.head_dim), k_norm=(L, c.head_dim))
+    if c.gemma:
+        layers.update(post_attn_norm=(L, D), post_mlp_norm=(L, D))
     shapes = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
     if not c.tie_embeddings:
         shapes["lm_head"] = (D, V)
@@ -166,7 +142,8 @@ def param_shapes(config: ModelConfig) -> dict[str, Any]:
 
 
 def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Params:
-    """Random parameters (normal(0, std) weights, zero biases, unit norms)."""
+    """Random parameters (normal(0, std) weights, zero biases, unit norms: weights of one,
+    or of zero under Gemma's (1 + w) scale)."""
     shapes = param_shapes(config)
     flat, treedef = jax.tree_util.tree_flatten_with_path(
         shapes, is_leaf=lambda x: isinstance(x, tuple)
@@ -177,7 +154,7 @@ def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Param
     for (path, shape), k in zip(flat, keys, strict=True):
         name = path[-1].key
         if name.endswith("norm"):
-            leaves.append(jnp.ones(shape, dtype))
+            leaves.append((jnp.zeros if config.gemma else jnp.ones)(shape, dtype))
         elif name.endswith("bias"):
             leaves.append(jnp.zeros(shape, dtype))
         else:
@@ -213,120 +190,15 @@ def decode_params(params: Params, config: ModelConfig, *, unembed_copy: bool = T
     return out
 
 
-# ----------------------------------------------------------------------------- building blocks
+# ----------------------------------------------------------------------------- the block
 
 
-def rms_norm(x, weight, eps):
-    """RMSNorm computed in float32 and cast back, as transformers does."""
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return weight.astype(x.dtype) * x32.astype(x.dtype)
+def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig, window=None, inv_freq=None):
+    """One transformer block (pre-norm; Gemma also post-norm).
 
-
-def rope_inv_freq(config: ModelConfig) -> jax.Array:
-    hd = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
-    s = config.rope_scaling
-    if s is None:
-        return inv_freq
-    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return jnp.where(medium, smoothed, scaled)
-
-
-def apply_rope(x_BxTxNxHd, positions_BxT, inv_freq):
-    """Rotate-half RoPE (the transformers convention), angles in float32."""
-    angles = positions_BxT.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Hd/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    cos = jnp.cos(angles).astype(x_BxTxNxHd.dtype)
-    sin = jnp.sin(angles).astype(x_BxTxNxHd.dtype)
-    half = x_BxTxNxHd.shape[-1] // 2
-    rotated = jnp.concatenate([-x_BxTxNxHd[..., half:], x_BxTxNxHd[..., :half]], axis=-1)
-    return x_BxTxNxHd * cos + rotated * sin
-
-
-def _attention(q_BxTxHxHd, k_BxKxSxHd, v_BxKxSxHd, allowed_BxTxS, config: ModelConfig):
-    B, T, H, Hd = q_BxTxHxHd.shape
-    K = config.num_kv_heads
-    q = q_BxTxHxHd.reshape(B, T, K, H // K, Hd)
-    scores = jnp.einsum("btkgh,bksh->bkgts", q, k_BxKxSxHd).astype(jnp.float32)
-    scores = scores / math.sqrt(Hd)
-    scores = jnp.where(allowed_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxSxHd.dtype)
-    # The dot's own output order ([B, K, G, T, Hd]: batch, then each side's free dims), the
-    # small result transposed after: asked for [B, T, K, G, Hd] directly, XLA:CPU computes
-    # the transposed product and transposes the value cache to feed it (cache-sized, per
-    # layer and step, where a device holds one KV head: tests/test_decode_hlo.py).
-    out = jnp.einsum("bkgts,bksh->bkgth", probs, v_BxKxSxHd).transpose(0, 3, 1, 2, 4)
-    return out.reshape(B, T, H * Hd)
-
-
-def _decode_attention(q_Bx1xHxHd, k_BxKxWxHd, v_BxKxWxHd, k_Bx1xKxHd, v_Bx1xKxHd, allowed_Bx1xW,
-                      start_B, config: ModelConfig):
-    """One query per row against the cache before this step's write ([0, W)) and the row's
-    new key and value, which belong at cache position start_B[b]: _attention's numbers over
-    the written cache, reading only the unwritten one. The new key's score takes its
-    position's place among the scores (a [B, K, G, W] select; the softmax is the same sum in
-    the same order); its value joins the weighted sum after the cache's."""
-    B, _, H, Hd = q_Bx1xHxHd.shape
-    K = config.num_kv_heads
-    W = k_BxKxWxHd.shape[2]
-    q = q_Bx1xHxHd.reshape(B, 1, K, H // K, Hd)
-    scores = jnp.einsum("btkgh,bksh->bkgts", q, k_BxKxWxHd).astype(jnp.float32)
-    own = jnp.einsum("btkgh,btkh->bkgt", q, k_Bx1xKxHd.astype(q.dtype)).astype(jnp.float32)
-    at_new = (jnp.arange(W)[None, :] == start_B[:, None])[:, None, None, None]  # [B,1,1,1,W]
-    scores = jnp.where(at_new, own[..., None], scores) / math.sqrt(Hd)
-    scores = jnp.where(allowed_Bx1xW[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxKxWxHd.dtype)  # [B, K, G, 1, W]
-    out = jnp.einsum("bkgts,bksh->bkgth", jnp.where(at_new, 0, probs), v_BxKxWxHd)
-    p_new = jnp.sum(jnp.where(at_new, probs, 0), axis=-1)  # [B, K, G, 1]
-    out = out + p_new[..., None] * v_Bx1xKxHd.astype(out.dtype).transpose(0, 2, 1, 3)[:, :, None]
-    return out.transpose(0, 3, 1, 2, 4).reshape(B, 1, H * Hd)
-
-
-def _write_rows(cache_BxSx, new_BxTx, start_B):
-    """Write each row's T new entries at that row's own start index."""
-    def one(c, n, s):
-        return jax.lax.dynamic_update_slice_in_dim(c, n, s, axis=0)
-
-    return jax.vmap(one)(cache_BxSx, new_BxTx.astype(cache_BxSx.dtype), start_B)
-
-
-def _write_kv(cache_BxKxSxHd, new_BxTxKxHd, start_B):
-    """Write one layer's new keys or values in place: row b, head k at positions
-    start_B[b] + t. A scatter touches only the B*T*K new [Hd] rows, so a decode step does
-    not copy the cache. Each head is its own scatter index, not part of the update window:
-    with a [K, Hd] window and two or more heads per chip, the TPU compiler laid the cache
-    out heads-minor inside the decode loop and relaid every layer's cache in and out of
-    each chunk (tests/test_decode_hlo.py)."""
-    B, T, K = new_BxTxKxHd.shape[:3]
-    rows = jnp.arange(B)[:, None, None]
-    heads = jnp.arange(K)[None, None, :]
-    cols = (start_B[:, None] + jnp.arange(T)[None, :])[:, :, None]
-    new = new_BxTxKxHd.astype(cache_BxKxSxHd.dtype)  # indexed region: [B, T, K, Hd]
-    return cache_BxKxSxHd.at[rows, heads, cols].set(new, mode="drop")
-
-
-def _dense(x_BxTxI, w_IxO):
-    """x @ w as one 2-D matmul over the flattened rows. Same numbers; its backward is then a
-    plain [I, rows] x [rows, O] product for the weight gradient, which XLA:CPU runs ~17%
-    faster in the train step than the 3-D contraction's transposes (docs/results.md)."""
-    rows = x_BxTxI.reshape(-1, x_BxTxI.shape[-1]) @ w_IxO
-    return rows.reshape(*x_BxTxI.shape[:-1], w_IxO.shape[-1])
-
-
-def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig):
-    """One pre-norm transformer block.
-
-    `kv` is None (no cache) or this layer's (k, v) cache, each [B, K, S, Hd];
-    returns the new activations and the updated (k, v).
+    `kv` is None (no cache) or this layer's (k, v) cache, each [B, K, S, Hd]; `window` is
+    the layer's sliding window (None: global), `inv_freq` its RoPE frequencies. Returns the
+    new activations and the updated (k, v).
     """
     c = config
     dt = c.compute_dtype
@@ -334,37 +206,50 @@ def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig):
     H, K, Hd = c.num_heads, c.num_kv_heads, c.head_dim
     w = {name: value.astype(dt) for name, value in layer.items()}
 
-    h = rms_norm(x_BxTxD, w["attn_norm"], c.rms_norm_eps)
-    q, k, v = _dense(h, w["q"]), _dense(h, w["k"]), _dense(h, w["v"])
+    def norm(x, weight):
+        return rms_norm(x, weight, c.rms_norm_eps, plus_one=c.gemma)
+
+    h = norm(x_BxTxD, w["attn_norm"])
+    q, k, v = dense(h, w["q"]), dense(h, w["k"]), dense(h, w["v"])
     if c.qkv_bias:
         q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
     q = q.reshape(B, T, H, Hd)
     k = k.reshape(B, T, K, Hd)
     v = v.reshape(B, T, K, Hd)
     if c.qk_norm:
-        q = rms_norm(q, w["q_norm"], c.rms_norm_eps)
-        k = rms_norm(k, w["k_norm"], c.rms_norm_eps)
-    q = apply_rope(q, ctx["positions"], ctx["inv_freq"])
-    k = apply_rope(k, ctx["positions"], ctx["inv_freq"])
+        q = norm(q, w["q_norm"])
+        k = norm(k, w["k_norm"])
+    q = apply_rope(q, ctx["positions"], inv_freq)
+    k = apply_rope(k, ctx["positions"], inv_freq)
+    allowed = ctx["allowed"]
+    if window is not None:  # keys at positions > the query's position - window
+        allowed = allowed & (ctx["key_pos"][:, None, :] > ctx["positions"][:, :, None] - window)
 
     if kv is None:
-        attn = _attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), ctx["allowed"], c)
+        attn = attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), allowed, c)
     elif T == 1 and ctx["read_then_write"]:
         # Decode: attend to the cache as it was plus the new key and value, then write them
         # (forward's read_then_write).
         W = ctx["attend_len"]  # attend to cache positions [0, W) only
-        attn = _decode_attention(q, *(cache[:, :, :W].astype(dt) for cache in kv), k, v,
-                                 ctx["allowed"], ctx["start"], c)
-        kv = (_write_kv(kv[0], k, ctx["start"]), _write_kv(kv[1], v, ctx["start"]))
+        attn = decode_attention(q, *(cache[:, :, :W].astype(dt) for cache in kv), k, v,
+                                allowed, ctx["start"], c)
+        kv = (write_kv(kv[0], k, ctx["start"]), write_kv(kv[1], v, ctx["start"]))
     else:
-        kv = (_write_kv(kv[0], k, ctx["start"]), _write_kv(kv[1], v, ctx["start"]))
+        kv = (write_kv(kv[0], k, ctx["start"]), write_kv(kv[1], v, ctx["start"]))
         W = ctx["attend_len"]  # attend to cache positions [0, W) only
         keys, values = (cache[:, :, :W].astype(dt) for cache in kv)
-        attn = _attention(q, keys, values, ctx["allowed"], c)
-    x_BxTxD = x_BxTxD + _dense(attn, w["o"])
+        attn = attention(q, keys, values, allowed, c)
+    out = dense(attn, w["o"])
+    if c.gemma:
+        out = norm(out, w["post_attn_norm"])
+    x_BxTxD = x_BxTxD + out
 
-    h = rms_norm(x_BxTxD, w["mlp_norm"], c.rms_norm_eps)
-    mlp = _dense(jax.nn.silu(_dense(h, w["gate"])) * _dense(h, w["up"]), w["down"])
+    h = norm(x_BxTxD, w["mlp_norm"])
+    gate = dense(h, w["gate"])
+    act = jax.nn.gelu(gate, approximate=True) if c.gemma else jax.nn.silu(gate)
+    mlp = dense(act * dense(h, w["up"]), w["down"])
+    if c.gemma:
+        mlp = norm(mlp, w["post_mlp_norm"])
     return x_BxTxD + mlp, kv
 
 
@@ -418,34 +303,53 @@ def forward(
     if mask_BxT is None:
         mask_BxT = jnp.ones((B, T), bool)
     mask_BxT = mask_BxT.astype(bool)
-    inv_freq = rope_inv_freq(c)
+    windows = c.layer_windows
+    local = any(w is not None for w in windows)
+    inv_global = rope_inv_freq(c)
+    inv_local = rope_inv_freq(c, local=True) if local else None
 
     if cache is None:
         idx = jnp.arange(T)
         allowed = mask_BxT[:, None, :] & (idx[None, :, None] >= idx[None, None, :])
         start = None
+        key_pos = positions_BxT if local else None
     else:
         start = cache.end
         S = cache.max_len
-        new_valid = _write_rows(cache.valid, mask_BxT, start)
+        new_valid = write_rows(cache.valid, mask_BxT, start)
         q_idx_BxT = start[:, None] + jnp.arange(T)[None, :]
         W = S if attend_len is None else attend_len
         if not 0 < W <= S:
             raise ValueError(f"attend_len={attend_len} must be in [1, cache length {S}]")
         allowed = new_valid[:, None, :W] & (jnp.arange(W)[None, None, :] <= q_idx_BxT[:, :, None])
+        # A cache entry's position: the real tokens before it in its row (positions_from_mask
+        # and the engine's decode positions count the same way).
+        key_pos = jnp.cumsum(new_valid[:, :W], axis=-1, dtype=jnp.int32) - 1 if local else None
 
-    ctx = {"positions": positions_BxT, "inv_freq": inv_freq, "allowed": allowed, "start": start,
+    ctx = {"positions": positions_BxT, "allowed": allowed, "start": start, "key_pos": key_pos,
            "attend_len": None if cache is None else W, "read_then_write": read_then_write}
     x = params["embed"].astype(c.compute_dtype)[tokens_BxT]
+    if c.gemma:
+        x = x * jnp.asarray(math.sqrt(c.hidden_size), c.compute_dtype)
     layers = params["layers"]
 
     if cache is None and not unroll and not isinstance(layers, list | tuple):
-        def body(x, layer):
-            return _block(x, layer, None, ctx, c)[0], None
+        if local:  # each layer's window and RoPE frequencies ride along the scan
+            xs = (layers, jnp.asarray([w or _NO_WINDOW for w in windows], jnp.int32),
+                  jnp.stack([inv_global if w is None else inv_local for w in windows]))
+
+            def body(x, xs):
+                layer, window, inv_freq = xs
+                return _block(x, layer, None, ctx, c, window, inv_freq)[0], None
+        else:
+            xs = layers
+
+            def body(x, layer):
+                return _block(x, layer, None, ctx, c, None, inv_global)[0], None
 
         if remat:
             body = jax.checkpoint(body, prevent_cse=False)
-        x, _ = jax.lax.scan(body, x, layers)
+        x, _ = jax.lax.scan(body, x, xs)
         new_cache = None
     else:
         # One layer at a time, each with its own weight and cache buffers (module docstring).
@@ -454,14 +358,16 @@ def forward(
         # (stacked weights work too, as static slices: XLA:CPU copies them each call)
         for i, layer in enumerate(_per_layer(layers, c.num_layers)):
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, kv = block(x, layer, kv, ctx, c)
+            inv_freq = inv_global if windows[i] is None else inv_local
+            x, kv = block(x, layer, kv, ctx, c, windows[i], inv_freq)
             if kv is not None:
                 ks.append(kv[0])
                 vs.append(kv[1])
         new_cache = (None if cache is None
                      else KVCache(k=tuple(ks), v=tuple(vs), valid=new_valid, end=cache.end + T))
 
-    x = rms_norm(x, params["final_norm"].astype(c.compute_dtype), c.rms_norm_eps)
+    x = rms_norm(x, params["final_norm"].astype(c.compute_dtype), c.rms_norm_eps,
+                 plus_one=c.gemma)
     if return_hidden:
         return x, new_cache
     return project_logits(params, config, x), new_cache
@@ -470,16 +376,24 @@ def forward(
 def project_logits(params: Params, config: ModelConfig, hidden_BxTxD) -> jax.Array:
     """Logits [B, T, V] float32, from `lm_head` [D, V] when the params have one (untied, or
     tied in decode form), else against the tied embedding [V, D] directly (no transposed
-    copy per call)."""
+    copy per call); soft-capped in float32 where the config says (Gemma 2)."""
     dt = config.compute_dtype
     if "lm_head" in params:
         logits = hidden_BxTxD @ params["lm_head"].astype(dt)
     else:
         logits = jnp.einsum("btd,vd->btv", hidden_BxTxD, params["embed"].astype(dt))
-    return logits.astype(jnp.float32)
+    return softcap(logits.astype(jnp.float32), config.final_logit_softcap)
 
 
 def positions_from_mask(mask_BxT: jax.Array) -> jax.Array:
     """RoPE positions for a left-padded batch: 0 at each row's first real token."""
     mask = mask_BxT.astype(jnp.int32)
     return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
+
+
+# The config and the blocks are importable from here too (their home before the split).
+__all__ = [
+    "FAMILIES", "KVCache", "LinearRopeScaling", "Llama3RopeScaling", "ModelConfig", "Params",
+    "apply_rope", "decode_params", "forward", "in_decode_form", "init_cache", "init_params",
+    "param_shapes", "positions_from_mask", "project_logits", "rms_norm", "rope_inv_freq",
+]

@@ -20,6 +20,14 @@ Completion with finish_reason "error" and a message; everything else keeps runni
 
 finish_reason: "eos" (an EOS id was sampled; it is the last of token_ids, not in text),
 "length" (max_new_tokens reached), "error".
+
+Steps 1, 2 and 4 touch the device state, which belongs to the driver's backend: `DenseSlots`
+(below: the steps as written) for the dense Engine, or the engine's own `driver_backend`.
+A paged.PagedEngine (sampling.kv_cache=paged) gives paged_host.PagedSlots: admission by free
+pages (a request that does not fit waits at the head of the queue), prompts' pages shared
+by their samples, pages grown before each chunk, the youngest requests preempted and
+requeued when they cannot grow (docs/paged.md). Either way a request's tokens depend only
+on the request and the step key, not on its slot, its neighbours or a restart.
 """
 
 from __future__ import annotations
@@ -79,7 +87,7 @@ class Driver:
     """Continuous batching over `engine` with `params`.
 
     Args:
-      engine: the Engine (sets slots, buckets, sampling, EOS ids).
+      engine: the Engine (sets slots, buckets, sampling, EOS ids), or a paged.PagedEngine.
       params: model params, from wherever they lie; the driver keeps them as
         `engine.prepare_params` gives them (on the engine's mesh, in the compute dtype, one
         buffer per layer). Params already in that form are kept as they are, so one
@@ -87,6 +95,11 @@ class Driver:
       tokenizer: anything with `decode(ids) -> str`; None gives empty texts.
       step_key: the PRNG key of this sampling step (or an int seed).
       prefix_cache_size: prompts whose prefill is kept for reuse.
+
+    The queue, the slots' requests and tokens, completions and counters are the driver's;
+    the device state and how requests enter and leave it are its backend's: `DenseSlots`
+    (below) for the Engine, the engine's `driver_backend` otherwise (paged_host.PagedSlots:
+    page admission, shared prompt pages, growth and preemption).
     """
 
     def __init__(self, engine: Engine, params, *, tokenizer: Detokenizer | None = None,
@@ -96,13 +109,11 @@ class Driver:
         self.tokenizer = tokenizer
         self.prefix_cache_size = int(prefix_cache_size)
         self.set_step_key(step_key)
-        self.state = engine.init_decode_state()
         self._queue: collections.deque[tuple[int, Request]] = collections.deque()
         self._errors: list[Completion] = []
         self._slots: dict[int, _Slot] = {}
         self._free = list(range(engine.num_slots))
         heapq.heapify(self._free)
-        self._prefixes: collections.OrderedDict = collections.OrderedDict()
         self._seq = itertools.count()
         self.useful_token_steps = 0
         self.computed_token_steps = 0
@@ -110,6 +121,12 @@ class Driver:
         self.attended_positions = 0  # sum over chunks of the attention window
         self.prefills = 0
         self.prefilled_prompts = 0
+        make = getattr(engine, "driver_backend", None)
+        self.backend = make(self) if make is not None else DenseSlots(self)
+
+    @property
+    def state(self):
+        return self.backend.state
 
     # -- configuration between RL steps ------------------------------------------
 
@@ -126,9 +143,7 @@ class Driver:
         seq = next(self._seq)
         why = self.engine.check_prompt(request.prompt_tokens)
         if why is None:
-            mnt = self.engine.max_new_tokens if request.max_new_tokens is None \
-                else request.max_new_tokens
-            why = self.engine.check_max_new(mnt)
+            why = self.engine.check_max_new(self.max_new(request))
         if why is None:
             for name in ("prompt_id", "sample_idx"):
                 value = getattr(request, name)
@@ -144,6 +159,10 @@ class Driver:
         self._queue.append((seq, request))
         return seq
 
+    def max_new(self, request: Request) -> int:
+        return (self.engine.max_new_tokens if request.max_new_tokens is None
+                else request.max_new_tokens)
+
     def free_slots(self) -> int:
         """Slots that queued requests will not already take at the next step()."""
         return max(0, len(self._free) - len(self._queue))
@@ -151,11 +170,11 @@ class Driver:
     def step(self) -> list[Completion]:
         """Refill, run one jitted chunk, return the responses that finished."""
         done, self._errors = self._errors, []
-        self._fill()
+        self.backend.fill()
         if self._slots:
             done.extend(self._run_chunk())
         if not self._queue:
-            self._compact()
+            self.backend.compact()
         return done
 
     def generate_all(self, requests: list[Request]) -> list[Completion]:
@@ -181,76 +200,20 @@ class Driver:
             "prefill_calls": self.prefills,
             "prefilled_prompts": self.prefilled_prompts,
             "compiles": self.engine.compiles(),
+            **self.backend.stats(),
         }
 
     # -- internals ---------------------------------------------------------------
 
-    def _prefix_for(self, request: Request):
-        key = (request.prompt_id, tuple(request.prompt_tokens))
-        hit = self._prefixes.get(key)
-        if hit is not None:
-            self._prefixes.move_to_end(key)
-        return hit
-
-    def _remember(self, key, prefix: Prefix, row: int) -> None:
-        self._prefixes[key] = (prefix, row)
-        self._prefixes.move_to_end(key)
-        while len(self._prefixes) > self.prefix_cache_size:
-            self._prefixes.popitem(last=False)
-
-    def _fill(self) -> None:
-        take = []
-        while self._queue and len(take) < len(self._free):
-            take.append(self._queue.popleft())
-        if not take:
-            return
-        # One prefill per distinct new prompt, batched by prompt-length bucket.
-        found: dict[tuple, tuple[Prefix, int]] = {}
-        missing: dict[tuple, None] = {}
-        for _, r in take:
-            key = (r.prompt_id, tuple(r.prompt_tokens))
-            hit = self._prefix_for(r)
-            if hit is None:
-                missing[key] = None
-            else:
-                found[key] = hit
-        by_bucket: dict[int, list[tuple]] = collections.defaultdict(list)
-        for key in missing:
-            by_bucket[bucket_for(len(key[1]), self.engine.prompt_buckets)].append(key)
-        rows = self.engine.row_buckets[-1]
-        for keys in by_bucket.values():
-            for i in range(0, len(keys), rows):
-                part = keys[i:i + rows]
-                prefix = self.engine.prefill(self.params, [list(k[1]) for k in part])
-                self.prefills += 1
-                self.prefilled_prompts += len(part)
-                for row, key in enumerate(part):
-                    self._remember(key, prefix, row)
-                    found[key] = (prefix, row)
-        # One insert call per prefix (prefill call) for all its requests.
-        by_prefix: dict[int, tuple[Prefix, list]] = {}
-        for seq, r in take:
-            prefix, row = found[(r.prompt_id, tuple(r.prompt_tokens))]
-            slot = heapq.heappop(self._free)
-            mnt = self.engine.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
-            by_prefix.setdefault(id(prefix), (prefix, []))[1].append(
-                (slot, row, r.prompt_id, r.sample_idx, mnt))
-            self._slots[slot] = _Slot(request=r, seq=seq, prompt_bucket=prefix.cache.max_len)
-        for prefix, entries in by_prefix.values():
-            slots, rows, pids, sidxs, mnts = zip(*entries, strict=True)
-            self.state = self.engine.insert_many(prefix, self.state, slots, rows,
-                                                 self.step_key, pids, sidxs, mnts)
+    def _start(self, slot: int, seq: int, request: Request, filled: int) -> None:
+        """Record a request entering `slot` (its cache holds `filled` positions)."""
+        self._slots[slot] = _Slot(request=request, seq=seq, prompt_bucket=filled)
 
     def _run_chunk(self) -> list[Completion]:
-        b = bucket_for(max(self._slots) + 1, self.engine.slot_buckets)
-        filled = max(s.prompt_bucket + len(s.tokens) for s in self._slots.values())
-        self.state, chunk = self.engine.generate(self.params, self.state, num_slots=b,
-                                                 filled=filled)
-        self.attended_positions += chunk.window
-        tokens, logprobs, valid, active = jax.device_get(
-            (chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
-        self.chunks += 1
-        self.computed_token_steps += b * tokens.shape[1]
+        out = self.backend.run_chunk()
+        if out is None:  # every running request was preempted (requeued)
+            return []
+        tokens, logprobs, valid, active = out
         done = []
         for slot in sorted(self._slots):
             s = self._slots[slot]
@@ -274,6 +237,7 @@ class Driver:
     def _finish(self, slot: int, reason: str) -> Completion:
         s = self._slots.pop(slot)
         heapq.heappush(self._free, slot)
+        self.backend.release(slot)
         ids = s.tokens
         text = self._decode(ids[:-1] if reason == "eos" else ids)
         self.useful_token_steps += len(ids)
@@ -282,15 +246,101 @@ class Driver:
                           finish_reason=reason, prompt_tokens=list(s.request.prompt_tokens),
                           seq=s.seq)
 
-    def _compact(self) -> None:
+
+class DenseSlots:
+    """The Driver's device side over the dense Engine: a prefix LRU of prefilled prompts,
+    refills by insert_many, chunks on the smallest slot bucket, tail compaction."""
+
+    def __init__(self, driver: Driver):
+        self.d, self.engine = driver, driver.engine
+        self.state = self.engine.init_decode_state()
+        self._prefixes: collections.OrderedDict = collections.OrderedDict()
+
+    def stats(self) -> dict:
+        return {}
+
+    def release(self, slot: int) -> None:
+        pass
+
+    def _prefix_for(self, request: Request):
+        key = (request.prompt_id, tuple(request.prompt_tokens))
+        hit = self._prefixes.get(key)
+        if hit is not None:
+            self._prefixes.move_to_end(key)
+        return hit
+
+    def _remember(self, key, prefix: Prefix, row: int) -> None:
+        self._prefixes[key] = (prefix, row)
+        self._prefixes.move_to_end(key)
+        while len(self._prefixes) > self.d.prefix_cache_size:
+            self._prefixes.popitem(last=False)
+
+    def fill(self) -> None:
+        d = self.d
+        take = []
+        while d._queue and len(take) < len(d._free):
+            take.append(d._queue.popleft())
+        if not take:
+            return
+        # One prefill per distinct new prompt, batched by prompt-length bucket.
+        found: dict[tuple, tuple[Prefix, int]] = {}
+        missing: dict[tuple, None] = {}
+        for _, r in take:
+            key = (r.prompt_id, tuple(r.prompt_tokens))
+            hit = self._prefix_for(r)
+            if hit is None:
+                missing[key] = None
+            else:
+                found[key] = hit
+        by_bucket: dict[int, list[tuple]] = collections.defaultdict(list)
+        for key in missing:
+            by_bucket[bucket_for(len(key[1]), self.engine.prompt_buckets)].append(key)
+        rows = self.engine.row_buckets[-1]
+        for keys in by_bucket.values():
+            for i in range(0, len(keys), rows):
+                part = keys[i:i + rows]
+                prefix = self.engine.prefill(d.params, [list(k[1]) for k in part])
+                d.prefills += 1
+                d.prefilled_prompts += len(part)
+                for row, key in enumerate(part):
+                    self._remember(key, prefix, row)
+                    found[key] = (prefix, row)
+        # One insert call per prefix (prefill call) for all its requests.
+        by_prefix: dict[int, tuple[Prefix, list]] = {}
+        for seq, r in take:
+            prefix, row = found[(r.prompt_id, tuple(r.prompt_tokens))]
+            slot = heapq.heappop(d._free)
+            by_prefix.setdefault(id(prefix), (prefix, []))[1].append(
+                (slot, row, r.prompt_id, r.sample_idx, d.max_new(r)))
+            d._start(slot, seq, r, prefix.cache.max_len)
+        for prefix, entries in by_prefix.values():
+            slots, rows, pids, sidxs, mnts = zip(*entries, strict=True)
+            self.state = self.engine.insert_many(prefix, self.state, slots, rows,
+                                                 d.step_key, pids, sidxs, mnts)
+
+    def run_chunk(self):
+        """One chunk over the first b slots: host (tokens, logprobs, valid, active)."""
+        d = self.d
+        b = bucket_for(max(d._slots) + 1, self.engine.slot_buckets)
+        filled = max(s.prompt_bucket + len(s.tokens) for s in d._slots.values())
+        self.state, chunk = self.engine.generate(d.params, self.state, num_slots=b,
+                                                 filled=filled)
+        d.attended_positions += chunk.window
+        out = jax.device_get((chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
+        d.chunks += 1
+        d.computed_token_steps += b * out[0].shape[1]
+        return out
+
+    def compact(self) -> None:
         """Move the highest busy slots into the lowest free ones when that lets the next
         chunk run on a smaller slot bucket."""
-        if not self._slots:
+        d = self.d
+        if not d._slots:
             return
-        need = bucket_for(len(self._slots), self.engine.slot_buckets)
-        while max(self._slots) >= need and self._free and self._free[0] < need:
-            src = max(self._slots)
-            dst = heapq.heappop(self._free)
+        need = bucket_for(len(d._slots), self.engine.slot_buckets)
+        while max(d._slots) >= need and d._free and d._free[0] < need:
+            src = max(d._slots)
+            dst = heapq.heappop(d._free)
             self.state = self.engine.move(self.state, src, dst)
-            self._slots[dst] = self._slots.pop(src)
-            heapq.heappush(self._free, src)
+            d._slots[dst] = d._slots.pop(src)
+            heapq.heappush(d._free, src)

@@ -137,13 +137,29 @@ class BackendChoices:
     # read_then_write): on TPU the cache then streams from HBM with the write in place; on
     # XLA:CPU it would copy every layer's loop-carried cache per step.
     read_then_write: bool
+    # XLA options for the decode chunk's compile (CPU_DECODE_OPTIONS on XLA:CPU)
+    decode_compiler_options: dict | None = None
 
 
 def backend_choices(platform: str) -> BackendChoices:
     """The choices for a backend ("cpu", "tpu", "gpu"...): docs/results.md, "Decode on TPU".
     Backends other than XLA:CPU take the TPU's (measured there, compiled ahead of time)."""
     cpu = platform == "cpu"
-    return BackendChoices(unembed_copy=cpu, read_then_write=not cpu)
+    return BackendChoices(unembed_copy=cpu, read_then_write=not cpu,
+                          decode_compiler_options=CPU_DECODE_OPTIONS if cpu else None)
+
+
+def sampler_layout(config: ModelConfig, num_slots: int, mesh) -> tuple[BackendChoices, int]:
+    """A sampler's backend choices (from its devices' platform) and the number of shards its
+    [slots, V] logits' vocabulary is split into on `mesh` (samplers.inverse_cdf)."""
+    devices = mesh.devices.flat if mesh is not None else jax.local_devices()[:1]
+    on_cpu = all(d.platform == "cpu" for d in devices)
+    choices = backend_choices("cpu" if on_cpu else next(iter(devices)).platform)
+    if mesh is None:
+        return choices, 1
+    vocab = shd.spec_for(("batch", "vocab"), (num_slots, config.vocab_size), mesh)[1]
+    return choices, math.prod(mesh.shape[a] for a in
+                              ((vocab,) if isinstance(vocab, str) else vocab or ()))
 
 
 def sampling_params(params, *, config: ModelConfig, unembed_copy: bool = True):
@@ -290,20 +306,14 @@ class Engine:
         self._insert_many = jax.jit(functools.partial(insert_many_fn), donate_argnums=(1,))
         self.insert_buckets = pow2_buckets(1, self.num_slots)
         self._move = jax.jit(functools.partial(move_fn), donate_argnums=(0,))
-        devices = mesh.devices.flat if mesh is not None else jax.local_devices()[:1]
-        on_cpu = all(d.platform == "cpu" for d in devices)
-        self.choices = backend_choices("cpu" if on_cpu else next(iter(devices)).platform)
-        vocab = (shd.spec_for(("batch", "vocab"), (self.num_slots, config.vocab_size), mesh)[1]
-                 if mesh is not None else None)
-        self.vocab_shards = math.prod(mesh.shape[a] for a in
-                                      ((vocab,) if isinstance(vocab, str) else vocab or ()))
+        self.choices, self.vocab_shards = sampler_layout(config, self.num_slots, mesh)
         self._generate = jax.jit(
             functools.partial(generate_fn, config=config, sampling=sampling, eos_ids=eos_ids,
                               constrain=self._constrain if mesh is not None else None,
                               vocab_shards=self.vocab_shards,
                               read_then_write=self.choices.read_then_write),
             static_argnames=("num_steps", "num_slots", "window"), donate_argnums=(1,),
-            compiler_options=CPU_DECODE_OPTIONS if on_cpu else None)
+            compiler_options=self.choices.decode_compiler_options)
         self._sampling_fn = functools.partial(sampling_params, config=config,
                                               unembed_copy=self.choices.unembed_copy)
         self._sampling_params = jax.jit(self._sampling_fn)

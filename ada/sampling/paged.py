@@ -1,5 +1,7 @@
 """Paged decoding: the decode state over a page pool and its jitted prefill / attach /
 generate, the counterparts of engine.py's prefill / insert / generate (docs/paged.md).
+`PagedEngine` is what ada.setup.make_engine builds for sampling.kv_cache=paged; the Driver
+runs it through paged_host.PagedSlots (`driver_backend`), which owns the page allocator.
 
   prefill   N prompts, right-padded to a power-of-two bucket, written into pages the host
             allocator gave each prompt (ada/sampling/pages.py: `alloc_prompt`); returns
@@ -26,15 +28,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.sharding import Mesh, NamedSharding
 
+from ada import sharding as shd
 from ada.models.paged_attention import (
     PagedKV,
     copy_pages,
     init_pages,
     paged_forward,
+    paged_problem,
 )
-from ada.models.transformer import ModelConfig, project_logits
-from ada.sampling.engine import Chunk, bucket_for, pow2_buckets
+from ada.models.transformer import ModelConfig, in_decode_form, project_logits
+from ada.sampling.engine import (
+    Chunk,
+    Engine,
+    bucket_for,
+    pow2_buckets,
+    sampler_layout,
+    sampling_params,
+)
+from ada.sampling.paged_host import PagedSlots
+from ada.sampling.pages import full_reservation_pages, min_pool_pages
 from ada.sampling.samplers import SamplingConfig, sample
 from ada.sampling.slots import request_key
 
@@ -87,10 +101,10 @@ def stop_fn(state: PagedState, stop_B) -> PagedState:
 
 def decode_step(params, state: PagedState, page_table_BxW, *, config: ModelConfig,
                 sampling: SamplingConfig, eos_ids: tuple[int, ...], attention: str = "gather",
-                blocks=None):
+                blocks=None, vocab_shards: int = 1):
     """engine.decode_step over pages: sample each active slot's token, run the model on it."""
     keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
-    tokens_B, logprobs_B = sample(state.logits, keys, sampling)
+    tokens_B, logprobs_B = sample(state.logits, keys, sampling, vocab_shards=vocab_shards)
     valid_B = state.active
     generated = state.generated + valid_B.astype(jnp.int32)
     is_eos = (jnp.isin(tokens_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids
@@ -106,57 +120,159 @@ def decode_step(params, state: PagedState, page_table_BxW, *, config: ModelConfi
 
 def generate_fn(params, state: PagedState, page_table_BxW, *, config: ModelConfig,
                 sampling: SamplingConfig, eos_ids: tuple[int, ...], num_steps: int,
-                attention: str = "gather", blocks=None) -> tuple[PagedState, Chunk]:
+                attention: str = "gather", blocks=None, vocab_shards: int = 1,
+                constrain=None) -> tuple[PagedState, Chunk]:
     """num_steps decode steps under lax.scan; every live slot's pages must already hold
     its tokens after the chunk (the host grows them first)."""
     def body(s, _):
         return decode_step(params, s, page_table_BxW, config=config, sampling=sampling,
-                           eos_ids=eos_ids, attention=attention, blocks=blocks)
+                           eos_ids=eos_ids, attention=attention, blocks=blocks,
+                           vocab_shards=vocab_shards)
 
     state, (tok, lp, valid) = jax.lax.scan(body, state, None, length=num_steps)
+    if constrain is not None:
+        state = constrain(state)
     W = page_table_BxW.shape[1] * state.pages[0].shape[1]
     return state, Chunk(tokens=tok.T, logprobs=lp.T, valid=valid.T, active=state.active,
                         window=W)
 
 
 class PagedEngine:
-    """Jitted, bucketed prefill / attach / generate over one page pool (state donated).
+    """Jitted, bucketed prefill / attach / stop / generate over one page pool (state
+    donated): the engine `sampling.kv_cache = "paged"` builds (ada.setup.make_engine).
 
-    The host side is the caller's: a `pages.PageAllocator` with the same num_slots,
-    num_pages, page_size and pages_per_slot gives the page tables (docs/paged.md shows the
-    loop). Windows: generate reads the first W columns of the page table, W the smallest
-    of `num_windows` equal steps of pages_per_slot that holds every live slot's pages.
+    The same contract as engine.Engine where the Driver reads it (prepare_params,
+    check_prompt, check_max_new, max_new_tokens, num_slots, eos_ids, compiles ...); the host
+    side is the Driver's paged slots (paged_host.PagedSlots, from `driver_backend`) over a
+    `pages.PageAllocator` of the same num_slots, num_pages, page_size and pages_per_slot.
+
+    Args (beyond Engine's):
+      page_size: tokens per page.
+      num_pages: the pool, null page included; 0: `pages.full_reservation_pages`, where every
+        request is admitted with its worst case reserved and never preempted. Otherwise
+        requests are admitted by expected fill (a chunk of lookahead, `watermark` pages kept
+        free) and the youngest are preempted when the running ones cannot grow.
+      attention: "gather" (pure JAX, any backend) or "kernel" (Pallas, TPU, with `blocks`).
+    Windows: generate reads the first W columns of the page table, W the smallest of
+    `num_windows` equal steps of pages_per_slot that holds every live slot's pages.
     """
 
-    def __init__(self, config: ModelConfig, *, num_slots: int, num_pages: int, page_size: int,
-                 pages_per_slot: int, sampling: SamplingConfig | None = None, eos_ids=(),
-                 chunk_size: int = 8, min_prompt_bucket: int = 16, max_prefill_rows: int = 8,
-                 num_windows: int = 4, attention: str = "gather", blocks=None):
-        self.config, self.num_slots, self.num_pages = config, num_slots, num_pages
-        self.page_size, self.pages_per_slot, self.chunk_size = page_size, pages_per_slot, chunk_size
+    check_prompt = Engine.check_prompt  # the same rules and messages as the dense engine
+    check_max_new = Engine.check_max_new
+
+    def __init__(self, config: ModelConfig, *, num_slots: int, max_prompt_len: int,
+                 max_new_tokens: int, page_size: int = 16, num_pages: int = 0,
+                 sampling: SamplingConfig | None = None, eos_ids=(), chunk_size: int = 8,
+                 min_prompt_bucket: int = 16, max_prefill_rows: int = 8, num_windows: int = 4,
+                 mesh: Mesh | None = None, attention: str = "gather", blocks=None):
+        if (why := paged_problem(config)) is not None:
+            raise ValueError(why)
+        self.config, self.num_slots, self.page_size = config, int(num_slots), int(page_size)
+        self.max_new_tokens, self.chunk_size, self.mesh = int(max_new_tokens), int(chunk_size), mesh
         self.sampling = sampling or SamplingConfig()
         self.eos_ids = tuple(int(e) for e in eos_ids)
-        self.max_prompt_len = pages_per_slot * page_size
-        self.prompt_buckets = pow2_buckets(min_prompt_bucket, self.max_prompt_len)
-        self.row_buckets = pow2_buckets(1, max_prefill_rows)
-        self.insert_buckets = pow2_buckets(1, num_slots)
-        step = -(-pages_per_slot // num_windows)
-        self.window_buckets = tuple(sorted({min(step * i, pages_per_slot)
-                                            for i in range(1, num_windows + 1)}))
+        self.prompt_buckets = pow2_buckets(min(min_prompt_bucket, max_prompt_len), max_prompt_len)
+        self.max_prompt_len = self.prompt_buckets[-1]
+        self.pages_per_slot = -(-(self.max_prompt_len + self.max_new_tokens) // self.page_size)
+        self.cache_len = self.pages_per_slot * self.page_size
+        self.full_reservation = not num_pages
+        self.num_pages = int(num_pages) or full_reservation_pages(
+            self.num_slots, self.pages_per_slot, self.max_prompt_len, self.page_size)
+        # admission: the worst case (never preempted), or a chunk ahead with 10% kept free
+        self.lookahead = None if self.full_reservation else self.chunk_size
+        need = min_pool_pages(self.max_prompt_len, self.max_new_tokens, self.page_size,
+                              lookahead=self.lookahead)
+        if self.num_pages - 1 < need:
+            raise ValueError(f"num_pages={self.num_pages} is too small: one request of "
+                             f"{self.max_prompt_len} prompt + {self.max_new_tokens} new tokens "
+                             f"needs {need + 1} pages of {self.page_size} (null page included)")
+        self.watermark = 0 if self.full_reservation else min((self.num_pages - 1) // 10,
+                                                             self.num_pages - 1 - need)
+        self.row_buckets = pow2_buckets(1, max(1, min(int(max_prefill_rows), self.num_slots)))
+        self.insert_buckets = pow2_buckets(1, self.num_slots)
+        step = -(-self.pages_per_slot // int(num_windows))
+        self.window_buckets = tuple(sorted({min(step * i, self.pages_per_slot)
+                                            for i in range(1, int(num_windows) + 1)}))
+        self.choices, self.vocab_shards = sampler_layout(config, self.num_slots, mesh)
         self._prefill = jax.jit(functools.partial(prefill_fn, config=config), donate_argnums=(1,))
-        self._attach = jax.jit(attach_fn, donate_argnums=(0,))
-        self._stop = jax.jit(stop_fn, donate_argnums=(0,))
+        self._attach = jax.jit(functools.partial(attach_fn), donate_argnums=(0,))
+        self._stop = jax.jit(functools.partial(stop_fn), donate_argnums=(0,))
         self._generate = jax.jit(
             functools.partial(generate_fn, config=config, sampling=self.sampling,
-                              eos_ids=self.eos_ids, attention=attention, blocks=blocks),
-            static_argnames=("num_steps",), donate_argnums=(1,))
+                              eos_ids=self.eos_ids, attention=attention, blocks=blocks,
+                              vocab_shards=self.vocab_shards,
+                              constrain=self._constrain if mesh is not None else None),
+            static_argnames=("num_steps",), donate_argnums=(1,),
+            compiler_options=self.choices.decode_compiler_options)
+        self._sampling_fn = functools.partial(sampling_params, config=config,
+                                              unembed_copy=self.choices.unembed_copy)
+        self._sampling_params = jax.jit(self._sampling_fn)
 
-    def init_state(self) -> PagedState:
+    def driver_backend(self, driver):
+        """The Driver's host side over this engine: admission, prefix pages, growth and
+        preemption (paged_host.PagedSlots)."""
+        return PagedSlots(driver)
+
+    # -- sharding and params ---------------------------------------------------
+
+    def state_shardings(self) -> PagedState:
+        """NamedShardings of the state on the engine's mesh: per-slot vectors split like a
+        batch, each pool over tensor on its combined-head axis 2 when the KV heads divide
+        (a head's key and value stay together), its pages replicated over data."""
+        assert self.mesh is not None
+        c, B = self.config, self.num_slots
+        ns = lambda logical, shape: NamedSharding(self.mesh, shd.spec_for(logical, shape, self.mesh))
+        pages = ns((None, None, "kv_heads", None),
+                   (self.num_pages, self.page_size, c.num_kv_heads, c.head_dim))
+        vec = ns(("batch",), (B,))
+        return PagedState(pages=(pages,) * c.num_layers, lengths=vec,
+                          logits=ns(("batch", "vocab"), (B, c.vocab_size)), generated=vec,
+                          max_new=vec, active=vec, keys=ns(("batch", None), (B, 2)))
+
+    def _constrain(self, state: PagedState) -> PagedState:
+        return jax.lax.with_sharding_constraint(state, self.state_shardings())
+
+    def prepare_params(self, params):
+        """Engine.prepare_params's sampling form (the same weights the dense engine reads),
+        placed on the mesh by ada.sharding's tables."""
+        if in_decode_form(params, self.config, self.choices.unembed_copy):
+            return params
+        out = self._sampling_params(params)
+        if self.mesh is None:
+            return out
+        return jax.device_put(out, shd.param_shardings(out, self.mesh))
+
+    def abstract_state(self) -> PagedState:
+        """The state as ShapeDtypeStructs (with the mesh's shardings): for lowering."""
+        shapes = jax.eval_shape(self._empty_state)
+        if self.mesh is None:
+            return shapes
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            shapes, self.state_shardings())
+
+    def lower_generate(self, params, filled: int | None = None, num_steps: int | None = None):
+        """generate's jitted chunk lowered for abstract (ShapeDtypeStruct) or real params at
+        a fill of `filled` tokens per slot (default: the whole window)."""
+        K = self.chunk_size if num_steps is None else int(num_steps)
+        W = self.window_pages(self.cache_len if filled is None else filled, K)
+        table = jax.ShapeDtypeStruct((self.num_slots, W), jnp.int32)
+        return self._generate.lower(params, self.abstract_state(), table, num_steps=K)
+
+    # -- the contract ------------------------------------------------------------
+
+    def _empty_state(self) -> PagedState:
         B, V = self.num_slots, self.config.vocab_size
         return PagedState(pages=init_pages(self.config, self.num_pages, self.page_size),
                           lengths=jnp.zeros((B,), jnp.int32), logits=jnp.zeros((B, V), jnp.float32),
                           generated=jnp.zeros((B,), jnp.int32), max_new=jnp.zeros((B,), jnp.int32),
                           active=jnp.zeros((B,), bool), keys=jnp.zeros((B, 2), jnp.uint32))
+
+    def init_state(self) -> PagedState:
+        shardings = (self.state_shardings() if self.mesh is not None
+                     else jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+        return jax.device_put(self._empty_state(), shardings)
+
+    init_decode_state = init_state
 
     def prefill(self, params, state: PagedState, prompts: list, prompt_pages: list):
         """Prefill prompts[i] into prompt_pages[i] (PromptPages). Returns (state, logits)."""
@@ -196,12 +312,21 @@ class PagedEngine:
         mask[list(slots)] = True
         return self._stop(state, mask)
 
+    def window_pages(self, filled: int, num_steps: int) -> int:
+        """Page-table columns a chunk reads: the window bucket holding filled + num_steps."""
+        return bucket_for(min(-(-(filled + num_steps) // self.page_size), self.pages_per_slot),
+                          self.window_buckets)
+
     def generate(self, params, state: PagedState, page_table, filled: int,
                  num_steps: int | None = None) -> tuple[PagedState, Chunk]:
         """A chunk over the first W page-table columns, W the window bucket holding
         `filled` (the most tokens a live slot holds) + num_steps."""
         K = self.chunk_size if num_steps is None else int(num_steps)
-        W = bucket_for(min(-(-(filled + K) // self.page_size), self.pages_per_slot),
-                       self.window_buckets)
+        W = self.window_pages(filled, K)
         return self._generate(params, state, np.asarray(page_table[:, :W], np.int32),
                               num_steps=K)
+
+    def compiles(self) -> dict[str, int]:
+        """Compilations made so far, per function (jit's own cache sizes)."""
+        return {name: int(getattr(self, f"_{name}")._cache_size())
+                for name in ("prefill", "attach", "stop", "generate")}

@@ -25,7 +25,8 @@ the running slots' growth. Every call that takes pages is all-or-nothing: it rai
 never a running request's pages that it keeps); the caller deactivates the victims on the
 device in the same update that publishes the new page table and requeues them (a greedy or
 keyed request drawn again from scratch gives the same tokens: token i's key depends only on
-the request and i).
+the request and i). The Driver runs this loop (ada/sampling/paged_host.py); `min_pool_pages`
+and `full_reservation_pages` size its pool (sampling.num_pages).
 """
 
 from __future__ import annotations
@@ -223,6 +224,33 @@ def grow_or_preempt(alloc: PageAllocator, demands: dict[int, int],
             alloc.free(victim)
             victims.append(victim)
     return victims
+
+
+# ----------------------------------------------------------------------------- sizing
+
+
+def min_pool_pages(max_prompt_len: int, max_new: int, page_size: int, *,
+                   lookahead: int | None = None, watermark: int = 0) -> int:
+    """Usable pages (the null page aside) one request of the longest prompt and max_new
+    tokens needs alone in the pool: its prompt's pages (prefilled once), its own copy of
+    the partial one and pages for every new token; and its admission (the prompt plus
+    `lookahead` tokens, default all, plus `watermark`) must fit too."""
+    def pages(n):
+        return -(-int(n) // page_size)
+
+    own = pages(max_prompt_len) - max_prompt_len // page_size  # the prompt's pages, its copy
+    ahead = max_new if lookahead is None else min(lookahead, max_new)
+    return max(own + pages(max_prompt_len + max_new),
+               own + pages(max_prompt_len + ahead) + watermark)
+
+
+def full_reservation_pages(num_slots: int, pages_per_slot: int, max_prompt_len: int,
+                           page_size: int) -> int:
+    """num_pages (null page included) for which a request admitted with its worst case
+    reserved is never preempted, and a free slot can always take the queue's head once
+    the prefix cache gives back the pages of the prompts the head does not need: every
+    slot's full row plus one longest prompt's pages."""
+    return 1 + num_slots * pages_per_slot + -(-max_prompt_len // page_size)
 
 
 # ----------------------------------------------------------------------------- planning

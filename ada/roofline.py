@@ -1,0 +1,139 @@
+"""How fast a compiled program could go at best, and how far its bytes are from the least it
+must move: the roofline of ada.plan's phases on a TPU chip (peak FLOP/s and HBM bandwidth,
+ada.tpu.CHIPS), and the analytic floors of decode and prefill (weights read once, the KV
+cache read at the planned fill or written once, the logits) that the compiled programs' HBM
+bytes (ada.hlo_bytes) are put beside. Nothing here compiles: ada.planner does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from ada import sharding as shd
+from ada.models.paged_attention import kernel_read_bytes, page_bytes, tuned_blocks
+from ada.rl import train as rl
+from ada.tpu import CHIPS
+
+# the kernel table's device names (ragged_paged_attention's tuned block sizes)
+DEVICE_KINDS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite"}
+
+
+def device_bytes(tree, shardings=None) -> int:
+    """Bytes of one device's shards of an abstract tree (by default under its own shardings)."""
+    shardings = jax.tree.map(lambda x: x.sharding, tree) if shardings is None else shardings
+    sizes = jax.tree.map(lambda x, sh: math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize,
+                         tree, shardings)
+    return int(sum(jax.tree.leaves(sizes)))
+
+
+def with_shardings(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+def weights_read(params) -> int:
+    """Bytes per device one forward reads of the weights: all of them, but an embedding
+    beside an `lm_head` only for the rows it gathers (left out: a few rows)."""
+    return device_bytes({k: v for k, v in params.items() if k != "embed" or "lm_head" not in params})
+
+
+def decode_floor(engine, params, window: int) -> dict:
+    """The least HBM traffic of one decode step per device (bytes): the weights read once,
+    every slot's keys and values read once up to `window` (the planned fill), and the
+    [slots, V] float32 logits written once and read once by the sampler."""
+    state = with_shardings(jax.eval_shape(engine.init_decode_state), engine.state_shardings())
+    floor = dict(weights=weights_read(params),
+                 kv=device_bytes((state.cache.k, state.cache.v)) * window // engine.cache_len,
+                 logits=2 * device_bytes(state.logits))
+    return dict(floor, total=sum(floor.values()), window=window)
+
+
+def prefill_floor(engine, params, rows: int, prompt_len: int) -> dict:
+    """The least HBM traffic of one prefill call per device (bytes): the weights read once,
+    the [rows, prompt_len] keys and values written once (split like the decode cache), and
+    the last position's logits written once."""
+    c, mesh = engine.config, engine.mesh
+    kv_shape = (rows, c.num_kv_heads, prompt_len, c.head_dim)
+    kv = jax.ShapeDtypeStruct(kv_shape, c.compute_dtype, sharding=NamedSharding(
+        mesh, shd.spec_for(("batch", "kv_heads", "seq", "head_dim"), kv_shape, mesh)))
+    logits = jax.ShapeDtypeStruct((rows, c.vocab_size), jnp.float32, sharding=NamedSharding(
+        mesh, shd.spec_for(("batch", "vocab"), (rows, c.vocab_size), mesh)))
+    floor = dict(weights=weights_read(params), kv=2 * c.num_layers * device_bytes(kv),
+                 logits=device_bytes(logits))
+    return dict(floor, total=sum(floor.values()))
+
+def paged_estimate(paged: dict, engine, params, probe: dict, chip: str) -> dict:
+    """The decode roofline at the paged slot count, analytic (the kernel hides its reads from
+    the compiler's count): the weights once, the pages the kernel reads at the mean fill
+    (whole page blocks, `kernel_read_bytes`) and the logits; the flops of the dense probe
+    (every slot attending to the whole cache) scaled to these slots, an upper bound."""
+    c, mesh = engine.config, engine.mesh.shape
+    slots = paged["mean_fill_slots"] // mesh["data"]  # per chip
+    page = paged["page_size"]
+    blocks, _ = tuned_blocks(c, page, slots, -(-engine.cache_len // page),
+                             device_kind=DEVICE_KINDS[chip], kv_head_shards=mesh["tensor"])
+    kv = kernel_read_bytes([engine.max_prompt_len + paged["mean_response_len"]] * slots, page,
+                           blocks, page_bytes(c, page, kv_head_shards=mesh["tensor"]))
+    total = weights_read(params) + kv + 2 * 4 * slots * -(-c.vocab_size // mesh["tensor"])
+    flops = probe["flops"] * slots / (probe["num_slots"] // mesh["data"])
+    peak, _, bandwidth = CHIPS[chip]
+    return dict(num_slots=paged["mean_fill_slots"], bytes=total, kv_bytes=kv,
+                tokens_per_s_per_chip=slots / max(flops / peak, total / bandwidth),
+                bound="flops" if flops / peak > total / bandwidth else "bytes")
+
+
+def step_bytes(fig: dict) -> float:
+    """The bytes a phase's roofline charges to HBM bandwidth: with a floor (decode and prefill),
+    the larger of the floor and the program's HBM bytes (`hlo_op_bytes`); else the compiler's
+    `bytes accessed` (every memory space)."""
+    if "floor" in fig:
+        return max(fig["floor"]["total"], hbm_per_step(fig))
+    return fig["bytes_accessed"]
+
+
+def hbm_per_step(fig: dict) -> float:
+    """A phase's HBM bytes per call (decode: per step, the larger of the one-step probe and
+    the chunk's own per-step figure, `chunk_hbm_bytes_per_step`)."""
+    return max(fig.get("hbm_bytes_per_step", fig.get("hbm_bytes", fig["bytes_accessed"])),
+               fig.get("chunk_hbm_bytes_per_step", 0.0))
+
+
+def roofline_s(fig: dict, chip: str) -> float | None:
+    """Seconds at the chip's peak FLOP/s or HBM bandwidth, whichever binds (None: no compile)."""
+    peak, _, bandwidth = CHIPS[chip]
+    return max(fig["flops"] / peak, step_bytes(fig) / bandwidth) if "flops" in fig else None
+
+
+def bytes_vs_floor(fig: dict, chip: str) -> dict:
+    """A phase's bytes beside its floor: the program's HBM bytes, the compiler's count over
+    every memory space, their ratios to the floor, and which of flops and bytes binds."""
+    floor, hbm = fig["floor"]["total"], hbm_per_step(fig)
+    peak, _, bandwidth = CHIPS[chip]
+    return dict(floor_bytes=floor, floor=fig["floor"], hbm_bytes=hbm,
+                probe_hbm_bytes=fig.get("hbm_bytes_per_step", fig.get("hbm_bytes")),
+                chunk_hbm_bytes_per_step=fig.get("chunk_hbm_bytes_per_step"),
+                compiler_bytes=fig["bytes_accessed"], hbm_vs_floor=hbm / floor,
+                compiler_vs_floor=fig["bytes_accessed"] / floor,
+                bound="flops" if fig["flops"] / peak > step_bytes(fig) / bandwidth else "bytes")
+
+
+def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
+    t, prefill, host = p["phases"]["train"], p["phases"]["prefill"], p["chips_per_host"]
+    rate = lambda tokens, s: s and tokens / host / s
+    train_s = (s := roofline_s(t.get("probe", {}), chip)) and s * p["epochs"] * t["mini_batches"] \
+        * t["micro_batches"]
+    model_flops = (rl.train_flops_per_token(model_cfg, t["seq_len"]) * t["rows"] * t["seq_len"]
+                   * p["epochs"] / p["devices"])
+    return {"decode_tokens_per_s_per_chip": rate(decode["num_slots"], roofline_s(decode, chip)),
+            "decode_num_slots": decode["num_slots"],
+            "decode_bytes": "floor" in decode and bytes_vs_floor(decode, chip) or None,
+            "decode_ops": decode.get("ops"),
+            "prefill_tokens_per_s_per_chip": rate(prefill["rows"] * prefill["prompt_len"],
+                                                  roofline_s(prefill, chip)),
+            "prefill_bytes": "floor" in prefill and bytes_vs_floor(prefill, chip) or None,
+            "train_step_s": train_s,
+            "train_mfu": train_s and model_flops / (train_s * CHIPS[chip][0]),
+            "reshard_s": roofline_s(p["phases"]["reshard"], chip)}

@@ -1,0 +1,40 @@
+"""The sampler's KV-cache knobs checked (sampling.kv_cache, page_size, num_pages; ada.config's
+`validate` calls `kv_cache_problems`): one line each, naming the knob and the fix, before
+anything compiles. ada.setup.make_engine builds the engine they describe."""
+
+from __future__ import annotations
+
+from ada.models.paged_attention import PAGED_FAMILIES
+from ada.sampling.pages import min_pool_pages
+
+KV_CACHES = ("dense", "paged")
+
+
+def kv_cache_problems(config) -> list[str]:
+    """What is wrong with a run config's KV-cache knobs (empty when nothing is)."""
+    s = config.sampling
+    if s.kv_cache not in KV_CACHES:
+        return [f"sampling.kv_cache={s.kv_cache!r} is not one of {', '.join(KV_CACHES)}: "
+                "pass --config.sampling.kv_cache=dense or paged"]
+    if not 0 <= s.mean_response_len <= s.max_new_tokens:
+        return [f"sampling.mean_response_len={s.mean_response_len} is not in [0, "
+                f"sampling.max_new_tokens={s.max_new_tokens}]: pass a mean response length in "
+                "tokens, or 0 for half of max_new_tokens"]
+    if s.kv_cache == "dense":
+        return []
+    if s.page_size < 1 or s.num_pages < 0:
+        return [f"sampling.page_size={s.page_size} must be >= 1 and sampling.num_pages="
+                f"{s.num_pages} >= 0: pass --config.sampling.num_pages=0 (every slot's worst case)"]
+    problems = []
+    if not config.model.path and config.model.family not in PAGED_FAMILIES:
+        problems.append(f"sampling.kv_cache=paged does not serve model.family="
+                        f"{config.model.family!r} (only {', '.join(PAGED_FAMILIES)}); pass "
+                        "--config.sampling.kv_cache=dense")
+    prompt_len = 1 << max(0, (config.data.max_prompt_len - 1).bit_length())  # its bucket
+    new = max(s.max_new_tokens, config.eval.max_new_tokens)
+    need = 1 + min_pool_pages(prompt_len, new, s.page_size, lookahead=s.chunk_size)
+    if 0 < s.num_pages < need:
+        problems.append(f"sampling.num_pages={s.num_pages} cannot hold one request of "
+                        f"{prompt_len} prompt + {new} new tokens in pages of {s.page_size}; pass "
+                        f"--config.sampling.num_pages={need} or more (0 = every slot's worst case)")
+    return problems

@@ -1,0 +1,179 @@
+"""The Driver's host side over a paged engine (docs/paged.md, "The paged engine in the
+driver"): what `PagedEngine.driver_backend` gives the Driver (driver.py) in place of its
+dense `DenseSlots`. The queue, the slots' requests and tokens, completions and counters
+stay the Driver's; this owns the device state and a `pages.PageAllocator`, and decides
+which queued requests enter and which running ones leave.
+
+  fill       admits the queue's head while `can_admit` says its pages fit (FIFO: a request
+             that does not fit is deferred, and so is everything behind it). Each distinct
+             new prompt gets pages (`alloc_prompt`) and one prefill (batched by prompt-length
+             bucket); the prompt stays in a prefix LRU (its PromptPages and next-token
+             logits), so the M samples of a prompt, in this round or a later one, share its
+             full pages with no copy (`attach`). When the head does not fit, cached prompts
+             no queued request needs are released first; then, when nothing is running (or
+             every running slot already holds its worst case), the others the head does not
+             need. Prompts admitted in this fill are never released before their attach.
+  run_chunk  grows every running slot's pages for the chunk's tokens, oldest admission
+             first (`grow_or_preempt`; when the pool is short, cached prompts are released
+             first, those no queued request needs before the others); the victims are deactivated on the device and requeued
+             at the front, oldest first, and restart from scratch with the same tokens
+             (token i's key depends only on the request and i). Then one jitted chunk over
+             every slot, reading the first W columns of the page table.
+  release    a finished slot's pages go back to the pool (`free`).
+
+Admission reserves a request's worst case when the engine's pool is sized for it
+(`num_pages` = 0: never preempted) and a chunk's worth plus a watermark otherwise.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+
+import jax
+
+from ada.sampling.engine import bucket_for
+from ada.sampling.pages import PageAllocator, grow_or_preempt
+
+
+class PagedSlots:
+    """Admission, prompt pages, growth and preemption for one Driver (module docstring)."""
+
+    def __init__(self, driver):
+        self.d = driver
+        self.engine = e = driver.engine
+        self.alloc = PageAllocator(e.num_pages, e.page_size, e.num_slots, e.pages_per_slot,
+                                   watermark=e.watermark)
+        self.state = e.init_state()
+        # (prompt_id, tokens) -> (PromptPages, prefill logits [N, V], row), least recent first
+        self._prompts: collections.OrderedDict = collections.OrderedDict()
+        self._order: dict[int, int] = {}  # slot -> admission number (larger: younger)
+        self._admitted = 0
+        self.preemptions = 0
+        self.deferrals = 0
+        self.evictions = 0
+
+    def stats(self) -> dict:
+        a = self.alloc
+        return {"preemptions": self.preemptions, "deferrals": self.deferrals,
+                "prompt_evictions": self.evictions,
+                "pages_in_use": a.num_pages - a.shards - sum(map(len, a._free))}
+
+    # -- the prefix cache --------------------------------------------------------
+
+    def _release(self, key) -> None:
+        self.alloc.release_prompt(self._prompts.pop(key)[0])
+        self.evictions += 1
+
+    def _evict(self, keep: set, needed: set, others: bool) -> bool:
+        """Release the least recent cached prompt not in `keep` (and, unless `others`, not
+        in `needed`). False when there is none."""
+        for key in self._prompts:
+            if key not in keep and (others or key not in needed):
+                self._release(key)
+                return True
+        return False
+
+    def _queued_keys(self) -> set:
+        return {(r.prompt_id, tuple(r.prompt_tokens)) for _, r in self.d._queue}
+
+    # -- the Driver's backend ----------------------------------------------------
+
+    def fill(self) -> None:
+        d, e, a = self.d, self.engine, self.alloc
+        starts, new, pinned = [], {}, set()  # new: key -> PromptPages to prefill
+        needed = None
+        while d._queue and d._free:
+            seq, r = d._queue[0]
+            key = (r.prompt_id, tuple(r.prompt_tokens))
+            n, mnt = len(r.prompt_tokens), d.max_new(r)
+            cached = key in self._prompts or key in new
+            if not a.can_admit(n, mnt, prefilled=cached, lookahead=e.lookahead):
+                needed = self._queued_keys() if needed is None else needed
+                idle = (not d._slots and not starts) or e.full_reservation
+                if self._evict(pinned | {key}, needed, others=idle):
+                    continue
+                self.deferrals += 1
+                break
+            d._queue.popleft()
+            if not cached:
+                new[key] = a.alloc_prompt(n)
+            pp = new[key] if key in new else self._prompts[key][0]
+            slot = heapq.heappop(d._free)
+            ahead = mnt if e.lookahead is None else min(e.lookahead, mnt)
+            starts.append((slot, seq, r, key, mnt, a.attach(slot, pp, ahead)))
+            pinned.add(key)
+            self._order[slot], self._admitted = self._admitted, self._admitted + 1
+        if not starts:
+            return
+        # One prefill per distinct new prompt, batched by prompt-length bucket.
+        by_bucket: dict[int, list] = collections.defaultdict(list)
+        for key in new:
+            by_bucket[bucket_for(len(key[1]), e.prompt_buckets)].append(key)
+        rows = e.row_buckets[-1]
+        for keys in by_bucket.values():
+            for i in range(0, len(keys), rows):
+                part = keys[i:i + rows]
+                self.state, logits = e.prefill(d.params, self.state, [list(k[1]) for k in part],
+                                               [new[k] for k in part])
+                d.prefills += 1
+                d.prefilled_prompts += len(part)
+                for row, key in enumerate(part):
+                    self._prompts[key] = (new[key], logits, row)
+        # One attach call per prefill call (its logits) for all its requests.
+        groups: dict[int, tuple] = {}
+        for slot, seq, r, key, mnt, copies in starts:
+            _, logits, row = self._prompts[key]
+            self._prompts.move_to_end(key)
+            g = groups.setdefault(id(logits), (logits, [], []))
+            g[1].extend(copies)
+            g[2].append((slot, row, len(r.prompt_tokens), r.prompt_id, r.sample_idx, mnt))
+            d._start(slot, seq, r, len(r.prompt_tokens))
+        for logits, copies, entries in groups.values():
+            slots, rows, lengths, pids, sidxs, mnts = zip(*entries, strict=True)
+            self.state = e.attach(self.state, logits, copies, slots, rows, lengths, d.step_key,
+                                  pids, sidxs, mnts)
+        while len(self._prompts) > d.prefix_cache_size:  # after the attaches' copies
+            self._release(next(iter(self._prompts)))
+
+    def run_chunk(self):
+        """Grow or preempt, then one chunk over every slot: host (tokens, logprobs, valid,
+        active), or None when no request is left running."""
+        d, e, a = self.d, self.engine, self.alloc
+        K = e.chunk_size
+        demands = {slot: min(s.prompt_bucket + len(s.tokens) + K,
+                             s.prompt_bucket + d.max_new(s.request))
+                   for slot, s in d._slots.items()}
+        short = sum(max(0, a.pages_for(t) - int(a.num_held[s])) for s, t in demands.items())
+        needed, others = None, False
+        while short > a.free_pages():  # cached prompts go before a running request does,
+            needed = self._queued_keys() if needed is None else needed  # unwanted ones first
+            if not self._evict(set(), needed, others=others):
+                if others:
+                    break
+                others = True
+        victims = grow_or_preempt(a, demands, self._order)
+        if victims:
+            self.state = e.stop(self.state, victims)
+            for slot in victims:  # youngest first: the oldest ends at the queue's front
+                s = d._slots.pop(slot)
+                del self._order[slot]
+                heapq.heappush(d._free, slot)
+                d._queue.appendleft((s.seq, s.request))
+            self.preemptions += len(victims)
+        if not d._slots:
+            return None
+        filled = max(s.prompt_bucket + len(s.tokens) for s in d._slots.values())
+        self.state, chunk = e.generate(d.params, self.state, a.table, filled)
+        d.attended_positions += chunk.window
+        out = jax.device_get((chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
+        d.chunks += 1
+        d.computed_token_steps += e.num_slots * out[0].shape[1]
+        return out
+
+    def release(self, slot: int) -> None:
+        self.alloc.free(slot)
+        del self._order[slot]
+
+    def compact(self) -> None:
+        """Nothing to compact: a chunk runs every slot, and pages are not slot-major."""
