@@ -71,7 +71,7 @@ def paged_estimate(paged: dict, engine, params, probe: dict, chip: str) -> dict:
     (whole page blocks, `kernel_read_bytes`) and the logits; the flops of the dense probe
     (every slot attending to the whole cache) scaled to these slots, an upper bound."""
     c, mesh = engine.config, engine.mesh.shape
-    slots = paged["mean_fill_slots"] // mesh["data"]  # per chip
+    slots = paged["mean_fill_slots"] // mesh["data"]  # each chip's share of the KV reads
     page = paged["page_size"]
     blocks, _ = tuned_blocks(c, page, slots, -(-engine.cache_len // page),
                              device_kind=DEVICE_KINDS[chip], kv_head_shards=mesh["tensor"])
@@ -80,8 +80,10 @@ def paged_estimate(paged: dict, engine, params, probe: dict, chip: str) -> dict:
     total = weights_read(params) + kv + 2 * 4 * slots * -(-c.vocab_size // mesh["tensor"])
     flops = probe["flops"] * slots / (probe["num_slots"] // mesh["data"])
     peak, _, bandwidth = CHIPS[chip]
+    chips = mesh["data"] * mesh["tensor"]  # a step makes a token per slot of the host
     return dict(num_slots=paged["mean_fill_slots"], bytes=total, kv_bytes=kv,
-                tokens_per_s_per_chip=slots / max(flops / peak, total / bandwidth),
+                tokens_per_s_per_chip=paged["mean_fill_slots"] / chips
+                / max(flops / peak, total / bandwidth),
                 bound="flops" if flops / peak > total / bandwidth else "bytes")
 
 

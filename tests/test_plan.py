@@ -174,6 +174,13 @@ def test_tpu_plan_compiles_every_phase(capsys, tmp_path):
         assert b["hbm_vs_floor"] == pytest.approx(b["hbm_bytes"] / b["floor_bytes"])
     assert "bytes/step/chip" in out and "in HBM vs a floor of" in out
     assert out.count("the heaviest ops by HBM bytes") == 2
+    # the paged cache's slots at the planned mean fill, beside the dense worst case it must
+    # agree with (the same generate peak line), and their decode roofline
+    pg = p["paged"]
+    assert abs(pg["worst_case_slots"] - p["max_num_slots"]) <= 2 * p["sampling_mesh"]["data"]
+    assert pg["mean_fill_slots"] > 0 and "paged KV cache" in out  # (short windows: no gain)
+    assert e["paged"]["num_slots"] == pg["mean_fill_slots"] and e["paged"]["kv_bytes"] > 0
+    assert e["paged"]["tokens_per_s_per_chip"] > 0 and "  paged      <=" in out
     ops = e["decode_ops"]
     assert ops and ops[0]["hbm_bytes"] >= ops[-1]["hbm_bytes"] and ops[0]["count"] >= 1
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -107,6 +108,9 @@ def run(config, args, command: str) -> int:
         return fail(e)
     except StorageError as e:
         print(f"error: {e}, then rerun {command} to resume from {e.resume}", file=sys.stderr)
+        # orbax's abandoned write tasks hold the same failure: asyncio would log each one
+        # ("Task exception was never retrieved") when they are collected, after our line
+        logging.getLogger("asyncio").disabled = True
         return 1
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
