@@ -144,7 +144,7 @@ def test_cached_forward_honours_the_window(gemma):
     tokens, mask, positions = batch(config.vocab_size, T=20, pads=(0, 5, 11), seed=1)
     ref = ada_logits(params, config, tokens, mask, positions)
     dparams = decode_params(params, config)
-    for read_then_write in (True,):
+    for read_then_write in (False, True):
         cache = init_cache(config, 3, 32)
         out, cache = _forward(dparams, config, jnp.asarray(tokens[:, :8]), jnp.asarray(positions[:, :8]),
                               jnp.asarray(mask[:, :8]), cache)
@@ -157,6 +157,39 @@ def test_cached_forward_honours_the_window(gemma):
             outs.append(np.asarray(out))
         diff = max_diff(np.concatenate(outs, 1), ref, mask)
         assert diff <= ROUND_TRIP_TOL, (read_then_write, diff)
+
+
+def _attention_dots(jaxpr, config):
+    """The cache lengths read by the jaxpr's q.k and p.v dots: S' of every dot operand shaped
+    [B, K, S', Hd] (keys or values), through nested jaxprs."""
+    lengths = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            lengths += [v.aval.shape[2] for v in eqn.invars if v.aval.ndim == 4
+                        and v.aval.shape[1::2] == (config.num_kv_heads, config.head_dim)]
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    lengths += _attention_dots(inner, config)
+    return lengths
+
+
+@pytest.mark.parametrize("read_then_write", [False, True])
+def test_local_layers_decode_reading_only_their_window(gemma, read_then_write):
+    """A decode step's local layers attend over WINDOW cache entries, the global ones over
+    the whole attended length (the logits are the cached-forward test's)."""
+    _, params, config, _ = gemma
+    S = 32
+    cache = init_cache(config, 3, S)
+    one = jnp.ones((3, 1), jnp.int32)
+    jaxpr = jax.make_jaxpr(lambda p, c: forward(p, config, one, one, None, c, attend_len=S,
+                                                read_then_write=read_then_write))(
+        decode_params(params, config), cache)
+    lengths = sorted(_attention_dots(jaxpr.jaxpr, config))
+    local = sum(w is not None for w in config.layer_windows)
+    glob = config.num_layers - local
+    assert lengths == [WINDOW] * 2 * local + [S] * 2 * glob, lengths
 
 
 def test_export_round_trip(gemma, tmp_path):

@@ -230,14 +230,12 @@ def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig, window=None, inv_freq=N
     elif T == 1 and ctx["read_then_write"]:
         # Decode: attend to the cache as it was plus the new key and value, then write them
         # (forward's read_then_write).
-        W = ctx["attend_len"]  # attend to cache positions [0, W) only
-        attn = decode_attention(q, *(cache[:, :, :W].astype(dt) for cache in kv), k, v,
-                                allowed, ctx["start"], c)
+        keys, values, allowed, at = _attended(kv, allowed, ctx, window, dt)
+        attn = decode_attention(q, keys, values, k, v, allowed, at, c)
         kv = (write_kv(kv[0], k, ctx["start"]), write_kv(kv[1], v, ctx["start"]))
     else:
         kv = (write_kv(kv[0], k, ctx["start"]), write_kv(kv[1], v, ctx["start"]))
-        W = ctx["attend_len"]  # attend to cache positions [0, W) only
-        keys, values = (cache[:, :, :W].astype(dt) for cache in kv)
+        keys, values, allowed, _ = _attended(kv, allowed, ctx, window if T == 1 else None, dt)
         attn = attention(q, keys, values, allowed, c)
     out = dense(attn, w["o"])
     if c.gemma:
@@ -251,6 +249,26 @@ def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig, window=None, inv_freq=N
     if c.gemma:
         mlp = norm(mlp, w["post_mlp_norm"])
     return x_BxTxD + mlp, kv
+
+
+def _attended(kv, allowed_BxTxW, ctx, window, dt):
+    """The cache entries a layer's queries read: positions [0, W) (the engine's attend_len),
+    or for a decode step (T = 1) of a sliding-window layer with window < W only each row's
+    last `window` entries up to its new one, [lo, lo + window), so a local layer reads its
+    window and not the whole cache. The entries in a row are its real tokens in order after
+    any left padding, so the window's keys (positions > p - window) are the `window` cache
+    indices ending at the row's write index `start` (one per position). Returns keys,
+    values, the mask cut the same way, and `start` relative to the cut."""
+    W = ctx["attend_len"]
+    if window is None or window >= W:
+        return (*(cache[:, :, :W].astype(dt) for cache in kv), allowed_BxTxW, ctx["start"])
+    lo = jnp.clip(ctx["start"] - (window - 1), 0, W - window)
+
+    def cut(x, axis):  # each row's [lo, lo + window) along `axis` (after the row axis)
+        return jax.vmap(lambda r, s: jax.lax.dynamic_slice_in_dim(r, s, window, axis))(x, lo)
+
+    return (cut(kv[0], 1).astype(dt), cut(kv[1], 1).astype(dt), cut(allowed_BxTxW, 1),
+            ctx["start"] - lo)
 
 
 def forward(
@@ -285,7 +303,8 @@ def forward(
         decode engine's window buckets). Every row whose output matters must have its new
         tokens inside the window (cache.end + T <= attend_len); the cache is written in
         full either way. Decode attention is memory-bound in the cache length, so short
-        responses in a long cache then read only what they filled.
+        responses in a long cache then read only what they filled. A sliding-window layer's
+        decode step reads only its last `window` entries (`_attended`).
       read_then_write: with a cache and one new token per row (decode), attend to the cache
         as it was plus the new key and value, then write them, instead of writing first and
         attending to the written cache (the same numbers up to rounding). The reads then
