@@ -46,9 +46,9 @@ master's bytes); the stacked form also works, slower on CPU.
 Sampling over a vocabulary split across the tensor axis keeps its blocks inside each shard
 (`vocab_shards`, samplers.inverse_cdf): the [slots, V] logits are never gathered.
 
-On CPU, `generate` is compiled with XLA:CPU's YNNPACK fusions off (`CPU_DECODE_OPTIONS`):
-for these skinny [slots, D] x [D, F] products and the decode attention reductions, XLA's
-own dot and loop emitters ran the step ~15% faster (benchmarks/decode.py, docs/results.md).
+`generate` compiles with XLA:CPU's default options. (With YNNPACK's fusions off, as an earlier
+machine with a 32 MB L3 preferred, the step ran ~11% slower on the 2026-12-05 machine under
+the current cache layout: docs/results.md, "Decode engine".)
 """
 
 from __future__ import annotations
@@ -86,10 +86,6 @@ from ada.sampling.slots import (
     request_key,
     take_rows,
 )
-
-# XLA:CPU compile options of `generate` (module docstring). An experimental XLA flag: jax
-# is pinned in requirements.txt, and tests/test_engine.py compiles with it.
-CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 @struct.dataclass
@@ -137,16 +133,13 @@ class BackendChoices:
     # read_then_write): on TPU the cache then streams from HBM with the write in place; on
     # XLA:CPU it would copy every layer's loop-carried cache per step.
     read_then_write: bool
-    # XLA options for the decode chunk's compile (CPU_DECODE_OPTIONS on XLA:CPU)
-    decode_compiler_options: dict | None = None
 
 
 def backend_choices(platform: str) -> BackendChoices:
     """The choices for a backend ("cpu", "tpu", "gpu"...): docs/results.md, "Decode on TPU".
     Backends other than XLA:CPU take the TPU's (measured there, compiled ahead of time)."""
     cpu = platform == "cpu"
-    return BackendChoices(unembed_copy=cpu, read_then_write=not cpu,
-                          decode_compiler_options=CPU_DECODE_OPTIONS if cpu else None)
+    return BackendChoices(unembed_copy=cpu, read_then_write=not cpu)
 
 
 def sampler_layout(config: ModelConfig, num_slots: int, mesh) -> tuple[BackendChoices, int]:
@@ -312,8 +305,7 @@ class Engine:
                               constrain=self._constrain if mesh is not None else None,
                               vocab_shards=self.vocab_shards,
                               read_then_write=self.choices.read_then_write),
-            static_argnames=("num_steps", "num_slots", "window"), donate_argnums=(1,),
-            compiler_options=self.choices.decode_compiler_options)
+            static_argnames=("num_steps", "num_slots", "window"), donate_argnums=(1,))
         self._sampling_fn = functools.partial(sampling_params, config=config,
                                               unembed_copy=self.choices.unembed_copy)
         self._sampling_params = jax.jit(self._sampling_fn)

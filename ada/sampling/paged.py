@@ -202,8 +202,7 @@ class PagedEngine:
                               eos_ids=self.eos_ids, attention=attention, blocks=blocks,
                               vocab_shards=self.vocab_shards,
                               constrain=self._constrain if mesh is not None else None),
-            static_argnames=("num_steps",), donate_argnums=(1,),
-            compiler_options=self.choices.decode_compiler_options)
+            static_argnames=("num_steps",), donate_argnums=(1,))
         self._sampling_fn = functools.partial(sampling_params, config=config,
                                               unembed_copy=self.choices.unembed_copy)
         self._sampling_params = jax.jit(self._sampling_fn)
