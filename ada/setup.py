@@ -31,7 +31,6 @@ from ada.evaluation import pass_rates
 from ada.models import init_params, preset
 from ada.models.hf import load_hf
 from ada.models.hf_config import read_config
-from ada.models.paged_attention import paged_problem
 from ada.rewards import REWARD_NAMES, get_reward_fn
 from ada.rl.train import TrainFns, make_train_fns
 from ada.rollout import Rollout
@@ -323,8 +322,6 @@ def make_engine(config, model_cfg, tokenizer: Tokenizer | None, mesh=None, *,
         num_windows=s.num_windows, min_prompt_bucket=min(16, prompt_len))
     if s.kv_cache != "paged":
         return Engine(model_cfg, slot_bucketing=s.slot_bucketing, **common)
-    if (why := paged_problem(model_cfg)) is not None:  # a model read from model.path
-        raise ConfigError(f"sampling.kv_cache=paged: {why}; pass --config.sampling.kv_cache=dense")
     try:
         return PagedEngine(model_cfg, page_size=s.page_size, num_pages=s.num_pages, **common)
     except ValueError as e:  # the pool's size (eval.max_new_tokens may exceed sampling's)

@@ -16,6 +16,7 @@ import pytest
 
 from ada.models import forward, init_cache, param_shapes, positions_from_mask, preset
 from ada.models.known import known
+from ada.models.layers import score_scale
 from ada.models.paged_attention import (
     attention_gather,
     init_pages,
@@ -30,6 +31,13 @@ from ada.sampling.pages import OutOfPages, PageAllocator, grow_or_preempt, slots
 from ada.sampling.samplers import SamplingConfig
 
 FAMILIES = ("qwen2", "qwen3", "llama")
+GEMMA_WINDOW = 8  # the Gemma models' sliding window here: the requests run past it
+
+
+def tiny(family):
+    """The family's tiny preset; Gemma's with windows of GEMMA_WINDOW on its local layers."""
+    c = preset("tiny", family=family)
+    return c.replace(sliding_windows=tuple(w and GEMMA_WINDOW for w in c.sliding_windows))
 TOL = 1e-5
 GREEDY = SamplingConfig(temperature=0.0)
 NUM_PAGES_SMALL = 9
@@ -213,26 +221,33 @@ def test_paged_attention_equals_dense_attention(family):
     for T in (1, 3):  # decode, and T queries per slot (the last T of each sequence)
         q = jnp.asarray(rng.standard_normal((5, T, H, Hd)), jnp.float32)
         start = np.asarray([max(n - T, 0) for n in lengths], np.int32)
-        got = jax.jit(attention_gather)(q, pool, alloc.table, start)
+        got = jax.jit(attention_gather, static_argnums=4)(q, pool, alloc.table, start, c)
         want = dense_attention(q, k, v, start[:, None] + np.arange(T))
         live = np.arange(T)[None] < np.asarray(lengths)[:, None]
         assert np.abs(np.asarray(got - want))[live].max() < TOL
 
 
-def test_gather_path_equals_the_kernel_reference():
-    """Same layout and contract as jax's ragged_paged_attention (its pure-JAX reference)."""
+@pytest.mark.parametrize("family, window", [("qwen2", None), ("gemma2", 6)])
+def test_gather_path_equals_the_kernel_reference(family, window):
+    """Same layout and contract as jax's ragged_paged_attention (its pure-JAX reference),
+    with Gemma 2's score scale, soft-cap and a sliding window as the kernel's options."""
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
 
     rng = np.random.default_rng(2)
     B, H, K, Hd, ps, P = 4, 8, 2, 32, 8, 40
+    c = preset("tiny", family=family).replace(num_heads=H, num_kv_heads=K, head_dim=Hd)
+    if family == "gemma2":
+        c = c.replace(query_pre_attn_scalar=24.0, attn_logit_softcap=2.0)
     q = jnp.asarray(rng.standard_normal((B, H, Hd)), jnp.float32)
     pages = jnp.asarray(rng.standard_normal((P, ps, 2 * K, Hd)), jnp.float32)
     lens = np.array([5, 17, 1, 40], np.int32)
     table = jnp.asarray(rng.integers(1, P, (B, 5)), jnp.int32)
-    got = jax.jit(attention_gather)(q[:, None], pages, table, lens - 1)[:, 0]
+    got = jax.jit(attention_gather, static_argnums=(4, 5))(q[:, None], pages, table, lens - 1,
+                                                           c, window)[:, 0]
     want = jax.jit(lambda q, p, t: ref_ragged_paged_attention(  # lengths concrete: its loop
         q, p, lens, t, np.arange(B + 1, dtype=np.int32), np.array([B], np.int32),
-        sm_scale=Hd ** -0.5))(q, pages, table)
+        sm_scale=score_scale(c), sliding_window=window, soft_cap=c.attn_logit_softcap))(
+        q, pages, table)
     np.testing.assert_allclose(got, want.reshape(B, -1), atol=TOL)
 
 
@@ -249,7 +264,7 @@ def setup_family(family):
     """Config, params, one PagedEngine and the dense model's greedy answers, per family
     (shared by the tests: each shape compiles once; attention windows on one family)."""
     if family not in _SETUPS:
-        c = preset("tiny", family=family)
+        c = tiny(family)
         params = random_params(c, seed=5)
         rng = np.random.default_rng(6)
         base = [rng.integers(1, c.vocab_size, n).tolist() for n in PROMPT_LENS]
@@ -265,7 +280,7 @@ def setup_family(family):
     return _SETUPS[family]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ("gemma2", "gemma3"))
 def test_paged_decode_equals_dense_decode(family):
     """Four slots in lockstep: the same greedy tokens as the dense cache, log-probs at
     every step and full logits at every chunk boundary within 1e-5; prompt 0 is prefilled
@@ -377,7 +392,7 @@ def run_paged(eng, alloc, params, requests, lookahead):
     return done, preempted
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ("gemma3",))
 def test_continuous_batching_and_running_out_of_pages(family):
     """Continuous batching over pages equals dense greedy decoding request by request:
     slots finish mid-chunk and are refilled with the freed pages (full reservation: never
@@ -401,6 +416,24 @@ def test_continuous_batching_and_running_out_of_pages(family):
 # ----------------------------------------------------------------------------- TPU and planning
 
 
+def _abstract_decode(devices, c, B, P, ps):
+    """A one-chip mesh, and abstract bf16 decode params and paged state on it (B slots, a
+    pool of P pages of ps positions per layer, 1 KV head of 128)."""
+    from ada.models.transformer import decode_params
+
+    mesh = jax.sharding.Mesh(np.array(devices[:1]), ("x",))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    A = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+    params = jax.tree.map(lambda x: A(x.shape, x.dtype), jax.eval_shape(
+        lambda: decode_params(jax.tree.map(lambda s: jnp.zeros(s, jnp.bfloat16), param_shapes(c),
+                                           is_leaf=lambda x: isinstance(x, tuple)), c)))
+    i32 = A((B,), jnp.int32)
+    state = PagedState(pages=(A((P, ps, 2, 128), jnp.bfloat16),) * c.num_layers, lengths=i32,
+                       logits=A((B, c.vocab_size), jnp.float32), generated=i32, max_new=i32,
+                       active=A((B,), bool), keys=A((B, 2), jnp.uint32))
+    return mesh, params, state, A
+
+
 def test_kernel_path_compiles_for_v5e():
     """A paged decode step with the Pallas kernel compiles for v5e through libtpu (ahead of
     time, abstract chips), with a pool the size of the 1.5B preset's per-chip cache (80
@@ -412,7 +445,6 @@ def test_kernel_path_compiles_for_v5e():
     import re
 
     from ada import tpu
-    from ada.models.transformer import decode_params
 
     try:
         devices, _ = tpu.tpu_devices("v5e:2x2")
@@ -425,16 +457,7 @@ def test_kernel_path_compiles_for_v5e():
     P = B * pps + 1
     blocks = tuned_blocks(c, ps, B, pps)
     assert blocks == (16, 32)  # the table's (96, 32) for v5e, page block capped at 16
-    mesh = jax.sharding.Mesh(np.array(devices[:1]), ("x",))
-    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    A = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
-    params = jax.tree.map(lambda x: A(x.shape, x.dtype), jax.eval_shape(
-        lambda: decode_params(jax.tree.map(lambda s: jnp.zeros(s, jnp.bfloat16), param_shapes(c),
-                                           is_leaf=lambda x: isinstance(x, tuple)), c)))
-    i32 = A((B,), jnp.int32)
-    state = PagedState(pages=(A((P, ps, 2, 128), jnp.bfloat16),), lengths=i32,
-                       logits=A((B, c.vocab_size), jnp.float32), generated=i32, max_new=i32,
-                       active=A((B,), bool), keys=A((B, 2), jnp.uint32))
+    mesh, params, state, A = _abstract_decode(devices, c, B, P, ps)
     fn = jax.jit(functools.partial(generate_fn, config=c, sampling=SamplingConfig(), eos_ids=(0,),
                                    num_steps=1, attention="kernel", blocks=blocks),
                  donate_argnums=(1,))
@@ -470,3 +493,29 @@ def test_slots_that_fit_at_mean_fill():
                              kv_head_shards=tensor, slot_shards=data)
         assert fit["worst_case_slots"] == most
         assert fit["mean_fill_slots"] >= 2 * most, fit
+
+
+def test_kernel_path_compiles_gemma_options_for_v5e():
+    """Gemma 2's local and global layers through the kernel (its own sliding_window,
+    soft_cap and sm_scale options) compile for v5e: one kernel call per layer."""
+    import functools
+
+    from ada import tpu
+
+    try:
+        devices, _ = tpu.tpu_devices("v5e:2x2")
+    except tpu.SliceError as e:
+        pytest.skip(f"libtpu is not usable here: {e}")
+    c = known("gemma-2-2b").replace(
+        hidden_size=256, num_heads=2, num_kv_heads=1, head_dim=128, intermediate_size=512,
+        vocab_size=4096, num_layers=2, sliding_windows=(64, None), dtype="bfloat16",
+        param_dtype="bfloat16")
+    B, ps, pps = 16, 16, 8
+    P = B * pps + 1
+    mesh, params, state, A = _abstract_decode(devices, c, B, P, ps)
+    fn = jax.jit(functools.partial(generate_fn, config=c, sampling=SamplingConfig(), eos_ids=(0,),
+                                   num_steps=1, attention="kernel",
+                                   blocks=tuned_blocks(c, ps, B, pps)), donate_argnums=(1,))
+    with jax.set_mesh(mesh):
+        hlo = fn.lower(params, state, A((B, pps), jnp.int32)).compile().as_text()
+    assert hlo.count("ragged_paged_attention_kernel") >= 2

@@ -63,6 +63,12 @@ def softcap(x, cap: float | None):
     return x if cap is None else cap * jnp.tanh(x / cap)
 
 
+def score_scale(config: ModelConfig) -> float:
+    """The factor q.k scores are scaled by: query_pre_attn_scalar**-0.5 for Gemma, else
+    head_dim**-0.5 (`scale_scores`; the paged TPU kernel's sm_scale)."""
+    return (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+
+
 def scale_scores(scores, config: ModelConfig):
     """q.k scores (float32) scaled, then soft-capped: Gemma scales by
     query_pre_attn_scalar**-0.5, the other families divide by sqrt(head_dim)."""

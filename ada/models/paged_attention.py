@@ -30,37 +30,21 @@ ada.models.transformer.forward with a KVCache, for the families that module serv
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from ada.models.layers import scale_scores, score_scale
 from ada.models.transformer import (
     ModelConfig,
-    apply_rope,
+    block,
+    embed,
+    final_norm,
     project_logits,
-    rms_norm,
     rope_inv_freq,
 )
 
 NULL_PAGE = 0
-PAGED_FAMILIES = ("qwen2", "qwen3", "llama")  # the families paged_forward computes
-# ModelConfig fields paged_forward does not implement (Gemma's); any of them set: refused.
-_UNSERVED_FIELDS = ("sliding_windows", "attn_logit_softcap", "final_logit_softcap",
-                    "query_pre_attn_scalar", "rope_local_theta")
-
-
-def paged_problem(config: ModelConfig) -> str | None:
-    """Why the paged cache cannot serve this model (None when it can): paged_forward is the
-    plain pre-norm decoder of PAGED_FAMILIES, with no sliding window or soft-capping."""
-    if config.family not in PAGED_FAMILIES:
-        return (f"model family {config.family!r} is not served by the paged cache (it serves "
-                f"{', '.join(PAGED_FAMILIES)})")
-    for name in _UNSERVED_FIELDS:
-        if getattr(config, name, None) not in (None, ()):
-            return f"the paged cache does not implement the model's {name}={getattr(config, name)}"
-    return None
 
 
 @struct.dataclass
@@ -128,10 +112,12 @@ def copy_pages(pages: tuple, src_N, dst_N) -> tuple:
 # ----------------------------------------------------------------------------- attention
 
 
-def attention_gather(q_BxTxHxHd, pages_PxSxCxHd, page_table_BxW, start_B):
+def attention_gather(q_BxTxHxHd, pages_PxSxCxHd, page_table_BxW, start_B, config: ModelConfig,
+                     window: int | None = None):
     """Ragged paged attention in pure JAX: query t of slot b (position start_B[b] + t)
-    attends to the slot's positions <= its own, read through its first W pages. Returns
-    [B, T, H * Hd]. The math of the dense cached attention (float32 softmax)."""
+    attends to the slot's positions <= its own (and > its own - `window` for a
+    sliding-window layer), read through its first W pages. Returns [B, T, H * Hd]. The
+    math of the dense cached attention (float32 softmax, the config's score scale and cap)."""
     B, T, H, Hd = q_BxTxHxHd.shape
     _, page_size, C, _ = pages_PxSxCxHd.shape
     K, W = C // 2, page_table_BxW.shape[1]
@@ -139,19 +125,22 @@ def attention_gather(q_BxTxHxHd, pages_PxSxCxHd, page_table_BxW, start_B):
     kv = pages_PxSxCxHd[page_table_BxW].reshape(B, S, K, 2, Hd)
     k, v = kv[..., 0, :].astype(q_BxTxHxHd.dtype), kv[..., 1, :].astype(q_BxTxHxHd.dtype)
     q = q_BxTxHxHd.reshape(B, T, K, H // K, Hd)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32) / math.sqrt(Hd)
-    q_pos = start_B[:, None] + jnp.arange(T)[None, :]
-    allowed = jnp.arange(S)[None, None, :] <= q_pos[:, :, None]  # [B, T, S]
+    scores = scale_scores(jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32), config)
+    q_pos = (start_B[:, None] + jnp.arange(T)[None, :])[:, :, None]
+    allowed = jnp.arange(S)[None, None, :] <= q_pos  # [B, T, S]
+    if window is not None:
+        allowed &= jnp.arange(S)[None, None, :] > q_pos - window
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, H * Hd)
 
 
-def attention_kernel(q_BxHxHd, pages_PxSxCxHd, page_table_BxW, kv_lens_B, *,
-                     num_kv_pages_per_block: int, num_queries_per_block: int,
-                     vmem_limit_bytes: int | None = None):
+def attention_kernel(q_BxHxHd, pages_PxSxCxHd, page_table_BxW, kv_lens_B, config: ModelConfig,
+                     window: int | None = None, *, num_kv_pages_per_block: int,
+                     num_queries_per_block: int, vmem_limit_bytes: int | None = None):
     """Decode attention (one query per slot) through the Pallas TPU kernel. kv_lens_B
-    counts the new token (written first). Returns [B, H * Hd].
+    counts the new token (written first). The config's score scale and soft-cap and the
+    layer's sliding window are the kernel's own options. Returns [B, H * Hd].
 
     The block sizes are explicit: the kernel's tuned-size lookup asks the default backend,
     which is the CPU when compiling ahead of time (`tuned_blocks` reads its table for a
@@ -166,7 +155,8 @@ def attention_kernel(q_BxHxHd, pages_PxSxCxHd, page_table_BxW, kv_lens_B, *,
         out = ragged_paged_attention(
             q_BxHxHd, pages_PxSxCxHd, jnp.maximum(kv_lens_B, 1).astype(jnp.int32),
             page_table_BxW.astype(jnp.int32), jnp.arange(B + 1, dtype=jnp.int32),
-            jnp.full((1,), B, jnp.int32), sm_scale=1.0 / math.sqrt(Hd),
+            jnp.full((1,), B, jnp.int32), sm_scale=score_scale(config),
+            sliding_window=window, soft_cap=config.attn_logit_softcap,
             num_kv_pages_per_block=num_kv_pages_per_block,
             num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes)
     return out.reshape(B, H * Hd)
@@ -209,21 +199,11 @@ def kernel_read_bytes(kv_lens, page_size: int, num_kv_pages_per_block: int,
 # ----------------------------------------------------------------------------- the model
 
 
-def _layers(layers, num_layers: int) -> list:
-    if isinstance(layers, list | tuple):
-        return list(layers)
-    return [jax.tree.map(lambda x, i=i: x[i], layers) for i in range(num_layers)]
-
-
-def _mm(x_BxTxI, w_IxO):
-    rows = x_BxTxI.reshape(-1, x_BxTxI.shape[-1]) @ w_IxO
-    return rows.reshape(*x_BxTxI.shape[:-1], w_IxO.shape[-1])
-
-
 def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B=None, *,
                   attention: str = "gather", blocks: tuple[int, int] | None = None,
                   return_hidden: bool = False):
-    """Run the model on T new tokens per slot over the paged cache.
+    """Run the model on T new tokens per slot over the paged cache: the dense forward's
+    blocks (ada.models.transformer.block), attending through pages.
 
     Token t of slot b is at position kv.lengths[b] + t; tokens t >= counts_B[b] (default:
     all T) are padding: not written, their outputs unused. Each layer writes its new keys
@@ -232,45 +212,41 @@ def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B
     Returns (logits [B, T, V] float32 or the final hidden states, the updated PagedKV
     with lengths advanced by counts_B)."""
     c = config
-    dt = c.compute_dtype
     B, T = tokens_BxT.shape
-    H, K, Hd = c.num_heads, c.num_kv_heads, c.head_dim
     counts = jnp.full((B,), T, jnp.int32) if counts_B is None else counts_B.astype(jnp.int32)
     start = kv.lengths
     positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    inv_freq = rope_inv_freq(c)
+    windows = c.layer_windows
+    inv_global = rope_inv_freq(c)
+    inv_local = rope_inv_freq(c, local=True) if any(w is not None for w in windows) else None
     num_pages = kv.pages[0].shape[0]
     page_BxT, off_BxT = write_positions(kv.page_table, start, counts, T, kv.page_size, num_pages)
     if attention == "kernel" and (T != 1 or blocks is None):
         raise ValueError("attention='kernel' is decode only (T = 1) and needs blocks=(kv pages,"
                          " queries) per block")
 
-    x = params["embed"].astype(dt)[tokens_BxT]
+    x = embed(params, c, tokens_BxT)
+    layers = params["layers"]
+    if not isinstance(layers, list | tuple):
+        layers = [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(c.num_layers)]
     new_pages = []
-    for layer, pages in zip(_layers(params["layers"], c.num_layers), kv.pages, strict=True):
-        w = {name: value.astype(dt) for name, value in layer.items()}
-        h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
-        q, k, v = _mm(h, w["q"]), _mm(h, w["k"]), _mm(h, w["v"])
-        if c.qkv_bias:
-            q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
-        q, k, v = q.reshape(B, T, H, Hd), k.reshape(B, T, K, Hd), v.reshape(B, T, K, Hd)
-        if c.qk_norm:
-            q = rms_norm(q, w["q_norm"], c.rms_norm_eps)
-            k = rms_norm(k, w["k_norm"], c.rms_norm_eps)
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-        pages = write_kv(pages, k, v, page_BxT, off_BxT)
-        new_pages.append(pages)
-        if attention == "kernel":
-            attn = attention_kernel(q[:, 0], pages, kv.page_table, start + counts,
-                                    num_kv_pages_per_block=min(blocks[0], kv.page_table.shape[1]),
-                                    num_queries_per_block=min(blocks[1], B))[:, None]
-        else:
-            attn = attention_gather(q, pages, kv.page_table, start)
-        x = x + _mm(attn.astype(dt), w["o"])
-        h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
-        x = x + _mm(jax.nn.silu(_mm(h, w["gate"])) * _mm(h, w["up"]), w["down"])
+    for layer, pages, window in zip(layers, kv.pages, windows, strict=True):
+        def attend(q, k, v, pages=pages, window=window):
+            pages = write_kv(pages, k, v, page_BxT, off_BxT)
+            if attention == "kernel":
+                attn = attention_kernel(
+                    q[:, 0], pages, kv.page_table, start + counts, c, window,
+                    num_kv_pages_per_block=min(blocks[0], kv.page_table.shape[1]),
+                    num_queries_per_block=min(blocks[1], B))[:, None]
+            else:
+                attn = attention_gather(q, pages, kv.page_table, start, c, window)
+            return attn, pages
 
-    x = rms_norm(x, params["final_norm"].astype(dt), c.rms_norm_eps)
+        inv_freq = inv_global if window is None else inv_local
+        x, pages = block(x, layer, c, positions, inv_freq, attend)
+        new_pages.append(pages)
+
+    x = final_norm(params, c, x)
     new_kv = kv.replace(pages=tuple(new_pages), lengths=start + counts)
     if return_hidden:
         return x, new_kv

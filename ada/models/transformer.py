@@ -193,13 +193,12 @@ def decode_params(params: Params, config: ModelConfig, *, unembed_copy: bool = T
 # ----------------------------------------------------------------------------- the block
 
 
-def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig, window=None, inv_freq=None):
-    """One transformer block (pre-norm; Gemma also post-norm).
-
-    `kv` is None (no cache) or this layer's (k, v) cache, each [B, K, S, Hd]; `window` is
-    the layer's sliding window (None: global), `inv_freq` its RoPE frequencies. Returns the
-    new activations and the updated (k, v).
-    """
+def block(x_BxTxD, layer, config: ModelConfig, positions_BxT, inv_freq, attend):
+    """One transformer block (pre-norm; Gemma also post-norm), whatever holds the keys and
+    values: `attend(q [B, T, H, Hd], k, v [B, T, K, Hd])`, called with the new queries, keys
+    and values after RoPE, returns (attention output [B, T, H * Hd], the cache state it
+    wrote). The dense cache's is `_block`'s, the paged cache's ada.models.paged_attention's.
+    Returns the new activations and that state."""
     c = config
     dt = c.compute_dtype
     B, T, _ = x_BxTxD.shape
@@ -219,25 +218,10 @@ def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig, window=None, inv_freq=N
     if c.qk_norm:
         q = norm(q, w["q_norm"])
         k = norm(k, w["k_norm"])
-    q = apply_rope(q, ctx["positions"], inv_freq)
-    k = apply_rope(k, ctx["positions"], inv_freq)
-    allowed = ctx["allowed"]
-    if window is not None:  # keys at positions > the query's position - window
-        allowed = allowed & (ctx["key_pos"][:, None, :] > ctx["positions"][:, :, None] - window)
-
-    if kv is None:
-        attn = attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), allowed, c)
-    elif T == 1 and ctx["read_then_write"]:
-        # Decode: attend to the cache as it was plus the new key and value, then write them
-        # (forward's read_then_write).
-        keys, values, allowed, at = _attended(kv, allowed, ctx, window, dt)
-        attn = decode_attention(q, keys, values, k, v, allowed, at, c)
-        kv = (write_kv(kv[0], k, ctx["start"]), write_kv(kv[1], v, ctx["start"]))
-    else:
-        kv = (write_kv(kv[0], k, ctx["start"]), write_kv(kv[1], v, ctx["start"]))
-        keys, values, allowed, _ = _attended(kv, allowed, ctx, window if T == 1 else None, dt)
-        attn = attention(q, keys, values, allowed, c)
-    out = dense(attn, w["o"])
+    q = apply_rope(q, positions_BxT, inv_freq)
+    k = apply_rope(k, positions_BxT, inv_freq)
+    attn, state = attend(q, k, v)
+    out = dense(attn.astype(dt), w["o"])
     if c.gemma:
         out = norm(out, w["post_attn_norm"])
     x_BxTxD = x_BxTxD + out
@@ -248,7 +232,34 @@ def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig, window=None, inv_freq=N
     mlp = dense(act * dense(h, w["up"]), w["down"])
     if c.gemma:
         mlp = norm(mlp, w["post_mlp_norm"])
-    return x_BxTxD + mlp, kv
+    return x_BxTxD + mlp, state
+
+
+def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig, window=None, inv_freq=None):
+    """`block` over the dense cache: `kv` is None (no cache) or this layer's (k, v) cache,
+    each [B, K, S, Hd]; `window` is the layer's sliding window (None: global), `inv_freq`
+    its RoPE frequencies. Returns the new activations and the updated (k, v)."""
+    c = config
+    dt = c.compute_dtype
+    T = x_BxTxD.shape[1]
+    allowed = ctx["allowed"]
+    if window is not None:  # keys at positions > the query's position - window
+        allowed = allowed & (ctx["key_pos"][:, None, :] > ctx["positions"][:, :, None] - window)
+
+    def attend(q, k, v):
+        if kv is None:
+            return attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), allowed, c), None
+        if T == 1 and ctx["read_then_write"]:
+            # Decode: attend to the cache as it was plus the new key and value, then write
+            # them (forward's read_then_write).
+            keys, values, mask, at = _attended(kv, allowed, ctx, window, dt)
+            attn = decode_attention(q, keys, values, k, v, mask, at, c)
+            return attn, (write_kv(kv[0], k, ctx["start"]), write_kv(kv[1], v, ctx["start"]))
+        new = (write_kv(kv[0], k, ctx["start"]), write_kv(kv[1], v, ctx["start"]))
+        keys, values, mask, _ = _attended(new, allowed, ctx, window if T == 1 else None, dt)
+        return attention(q, keys, values, mask, c), new
+
+    return block(x_BxTxD, layer, c, ctx["positions"], inv_freq, attend)
 
 
 def _attended(kv, allowed_BxTxW, ctx, window, dt):
@@ -347,9 +358,7 @@ def forward(
 
     ctx = {"positions": positions_BxT, "allowed": allowed, "start": start, "key_pos": key_pos,
            "attend_len": None if cache is None else W, "read_then_write": read_then_write}
-    x = params["embed"].astype(c.compute_dtype)[tokens_BxT]
-    if c.gemma:
-        x = x * jnp.asarray(math.sqrt(c.hidden_size), c.compute_dtype)
+    x = embed(params, c, tokens_BxT)
     layers = params["layers"]
 
     if cache is None and not unroll and not isinstance(layers, list | tuple):
@@ -385,11 +394,23 @@ def forward(
         new_cache = (None if cache is None
                      else KVCache(k=tuple(ks), v=tuple(vs), valid=new_valid, end=cache.end + T))
 
-    x = rms_norm(x, params["final_norm"].astype(c.compute_dtype), c.rms_norm_eps,
-                 plus_one=c.gemma)
+    x = final_norm(params, c, x)
     if return_hidden:
         return x, new_cache
     return project_logits(params, config, x), new_cache
+
+
+def embed(params: Params, config: ModelConfig, tokens_BxT) -> jax.Array:
+    """The tokens' embeddings in the compute dtype (Gemma's scaled by sqrt(hidden))."""
+    x = params["embed"].astype(config.compute_dtype)[tokens_BxT]
+    if config.gemma:
+        x = x * jnp.asarray(math.sqrt(config.hidden_size), config.compute_dtype)
+    return x
+
+
+def final_norm(params: Params, config: ModelConfig, x_BxTxD) -> jax.Array:
+    return rms_norm(x_BxTxD, params["final_norm"].astype(config.compute_dtype),
+                    config.rms_norm_eps, plus_one=config.gemma)
 
 
 def project_logits(params: Params, config: ModelConfig, hidden_BxTxD) -> jax.Array:
@@ -413,6 +434,7 @@ def positions_from_mask(mask_BxT: jax.Array) -> jax.Array:
 # The config and the blocks are importable from here too (their home before the split).
 __all__ = [
     "FAMILIES", "KVCache", "LinearRopeScaling", "Llama3RopeScaling", "ModelConfig", "Params",
-    "apply_rope", "decode_params", "forward", "in_decode_form", "init_cache", "init_params",
-    "param_shapes", "positions_from_mask", "project_logits", "rms_norm", "rope_inv_freq",
+    "apply_rope", "block", "decode_params", "embed", "final_norm", "forward", "in_decode_form",
+    "init_cache", "init_params", "param_shapes", "positions_from_mask", "project_logits",
+    "rms_norm", "rope_inv_freq",
 ]

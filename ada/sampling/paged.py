@@ -36,7 +36,6 @@ from ada.models.paged_attention import (
     copy_pages,
     init_pages,
     paged_forward,
-    paged_problem,
 )
 from ada.models.transformer import ModelConfig, in_decode_form, project_logits
 from ada.sampling.engine import (
@@ -165,8 +164,6 @@ class PagedEngine:
                  sampling: SamplingConfig | None = None, eos_ids=(), chunk_size: int = 8,
                  min_prompt_bucket: int = 16, max_prefill_rows: int = 8, num_windows: int = 4,
                  mesh: Mesh | None = None, attention: str = "gather", blocks=None):
-        if (why := paged_problem(config)) is not None:
-            raise ValueError(why)
         self.config, self.num_slots, self.page_size = config, int(num_slots), int(page_size)
         self.max_new_tokens, self.chunk_size, self.mesh = int(max_new_tokens), int(chunk_size), mesh
         self.sampling = sampling or SamplingConfig()

@@ -4,7 +4,6 @@ anything compiles. ada.setup.make_engine builds the engine they describe."""
 
 from __future__ import annotations
 
-from ada.models.paged_attention import PAGED_FAMILIES
 from ada.sampling.pages import min_pool_pages
 
 KV_CACHES = ("dense", "paged")
@@ -26,10 +25,6 @@ def kv_cache_problems(config) -> list[str]:
         return [f"sampling.page_size={s.page_size} must be >= 1 and sampling.num_pages="
                 f"{s.num_pages} >= 0: pass --config.sampling.num_pages=0 (every slot's worst case)"]
     problems = []
-    if not config.model.path and config.model.family not in PAGED_FAMILIES:
-        problems.append(f"sampling.kv_cache=paged does not serve model.family="
-                        f"{config.model.family!r} (only {', '.join(PAGED_FAMILIES)}); pass "
-                        "--config.sampling.kv_cache=dense")
     prompt_len = 1 << max(0, (config.data.max_prompt_len - 1).bit_length())  # its bucket
     new = max(s.max_new_tokens, config.eval.max_new_tokens)
     need = 1 + min_pool_pages(prompt_len, new, s.page_size, lookahead=s.chunk_size)
