@@ -111,12 +111,17 @@ def run_all(args, overrides):
         names += [v for v in SWEEP if mix in args.sweep]
         out[mix] = {}
         for name in names:
+            if args.variants and name not in args.variants:
+                continue
             method, extra = variants[name]
             if name == "grpo_matched":
-                matched[mix] = matched_n(out[mix]["ada_balance"])
+                matched[mix] = matched_n(out[mix].get("ada_balance") or [
+                    run_one(args, overrides, mix, "ada_balance", "ada_balance", [], seed)
+                    for seed in args.seeds])
                 extra = [("adaptive.n", str(matched[mix]))]
+            seeds = args.sweep_seeds if name in SWEEP else args.seeds
             out[mix][name] = [run_one(args, overrides, mix, name, method, extra, seed)
-                              for seed in args.seeds]
+                              for seed in seeds]
     return out, matched
 
 
@@ -286,12 +291,23 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--mixes", default="easy,hard", help=f"comma-separated, of {sorted(MIXES)}")
     p.add_argument("--sweep", default="hard", help="mixes that get the budget sweep ('' none)")
+    p.add_argument("--sweep-seeds", help="seeds of the sweep's own runs (default: --seeds)")
+    p.add_argument("--variants", default="", help="run only these (comma-separated; to split "
+                   "the runs over processes: finished runs are reused, so a last call without "
+                   "it writes the summary)")
     p.add_argument("--target", type=float, default=0.7, help="held-out accuracy for the "
                    "steps/seconds-to-target columns")
     args = p.parse_args(rest)
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.mixes = [m for m in args.mixes.split(",") if m]
     args.sweep = [m for m in args.sweep.split(",") if m]
+    args.sweep_seeds = ([int(s) for s in args.sweep_seeds.split(",") if s]
+                        if args.sweep_seeds else args.seeds)
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in VARIANTS and v not in SWEEP]
+    if unknown:
+        print(f"error: --variants {unknown} not in {[*VARIANTS, *SWEEP]}", file=sys.stderr)
+        return 2
     unknown = [m for m in args.mixes + args.sweep if m not in MIXES]
     if unknown:
         print(f"error: --mixes/--sweep {unknown} not in {sorted(MIXES)}", file=sys.stderr)
@@ -304,6 +320,8 @@ def main(argv=None) -> int:
     except cfglib.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.variants:
+        return 0  # a share of the runs: the call without --variants summarises
     summary = {"start": start_of(args.config, overrides),
                "command": " ".join(["python experiments/compare_methods.py", *argv]),
                "date": datetime.date.today().isoformat(), "mixes": {},
