@@ -169,6 +169,9 @@ def _fields(d: dict) -> str:
 
 
 def main(argv=None):
+    from ada.distributed import cpu_only_without_accelerators
+
+    cpu_only_without_accelerators()  # no libtpu start-up noise on a CPU
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", type=int, default=256, help="P prompts per batch")
     ap.add_argument("--batches", type=int, default=4)

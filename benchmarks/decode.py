@@ -132,6 +132,9 @@ def cross_bucket_agreement(engine, params, reqs, crowd_out):
 
 
 def main(argv=None):
+    from ada.distributed import cpu_only_without_accelerators
+
+    cpu_only_without_accelerators()  # no libtpu start-up noise on a CPU
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default="tiny,small")
     ap.add_argument("--batches", default="8,32,64")

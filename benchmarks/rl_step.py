@@ -142,6 +142,9 @@ def bench_method(args, method: str, params, model_cfg, batches) -> dict:
 
 
 def main(argv=None):
+    from ada.distributed import cpu_only_without_accelerators
+
+    cpu_only_without_accelerators()  # no libtpu start-up noise on a CPU
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", "--method", default="grpo,ada_balance",

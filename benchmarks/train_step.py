@@ -102,6 +102,9 @@ def bench_preset(name: str, B: int, T: int, steps: int, remat: bool, dtype: str,
 
 
 def main(argv=None):
+    from ada.distributed import cpu_only_without_accelerators
+
+    cpu_only_without_accelerators()  # no libtpu start-up noise on a CPU
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="tiny,small")
