@@ -87,13 +87,16 @@ def run_one(args, overrides, mix: str, variant: str, method: str, extra: list, s
             json.dump({"loadavg_before": before, "loadavg_after": os.getloadavg()}, f)
     rows = with_clock(read_jsonl(os.path.join(wd, "metrics.jsonl")))
     load = json.load(open(load_file)) if os.path.exists(load_file) else {}
+    return rows, record(rows, mix=mix, method=variant, seed=seed, config_method=method,
+                        overrides=[f"{k}={v}" for k, v in extra], **load)
+
+
+def record(rows: list[dict], **about) -> dict:
+    """A run's entry of summary.json: `about` and its held-out curve from clocked rows."""
     curve = [{"step": r["step"], "samples": r["samples_total"], "seconds": round(r["wall_s"], 2),
               "eval_accuracy": r["eval_accuracy"]} for r in rows if "eval_accuracy" in r]
-    record = {"mix": mix, "method": variant, "seed": seed, "config_method": method,
-              "overrides": [f"{k}={v}" for k, v in extra],
-              "final_eval_accuracy": curve[-1]["eval_accuracy"], "samples": curve[-1]["samples"],
-              "wall_clock_s": curve[-1]["seconds"], **load, "curve": curve}
-    return rows, record
+    return {**about, "final_eval_accuracy": curve[-1]["eval_accuracy"],
+            "samples": curve[-1]["samples"], "wall_clock_s": curve[-1]["seconds"], "curve": curve}
 
 
 def matched_n(runs) -> int:
@@ -164,8 +167,9 @@ def summarize(runs: dict, target: float) -> dict:
     """One mix: per variant, mean and std over seeds at equal steps, at the smallest mean
     samples and seconds any compared variant spent, and to reach `target`."""
     curves = {v: [rec["curve"] for _, rec in rs] for v, rs in runs.items()}
-    budget_samples = min(np.mean([c[-1]["samples"] for c in curves[v]]) for v in COMPARED)
-    budget_seconds = min(np.mean([c[-1]["seconds"] for c in curves[v]]) for v in COMPARED)
+    compared = [v for v in COMPARED if v in runs]  # the sweep's runs set no budget
+    budget_samples = min(np.mean([c[-1]["samples"] for c in curves[v]]) for v in compared)
+    budget_seconds = min(np.mean([c[-1]["seconds"] for c in curves[v]]) for v in compared)
     out = {"equal_samples": float(budget_samples), "equal_seconds": float(budget_seconds),
            "target": target, "variants": {}}
     for v, rs in runs.items():
