@@ -116,20 +116,29 @@ def attention_gather(q_BxTxHxHd, pages_PxSxCxHd, page_table_BxW, start_B, config
                      window: int | None = None):
     """Ragged paged attention in pure JAX: query t of slot b (position start_B[b] + t)
     attends to the slot's positions <= its own (and > its own - `window` for a
-    sliding-window layer), read through its first W pages. Returns [B, T, H * Hd]. The
+    sliding-window layer), read through its first W pages (a sliding-window layer's decode
+    step: only the pages its window touches). Returns [B, T, H * Hd]. The
     math of the dense cached attention (float32 softmax, the config's score scale and cap)."""
     B, T, H, Hd = q_BxTxHxHd.shape
     _, page_size, C, _ = pages_PxSxCxHd.shape
     K, W = C // 2, page_table_BxW.shape[1]
+    first = jnp.zeros((B,), jnp.int32)  # the position of the first page read
+    if window is not None and T == 1 and (n := -(-window // page_size) + 1) < W:
+        # a local layer's decode step reads only the n pages its window can touch
+        lo = jnp.clip((start_B - window + 1) // page_size, 0, W - n)
+        page_table_BxW = jax.vmap(lambda r, c: jax.lax.dynamic_slice_in_dim(r, c, n))(
+            page_table_BxW, lo)
+        first, W = lo * page_size, n
     S = W * page_size
     kv = pages_PxSxCxHd[page_table_BxW].reshape(B, S, K, 2, Hd)
     k, v = kv[..., 0, :].astype(q_BxTxHxHd.dtype), kv[..., 1, :].astype(q_BxTxHxHd.dtype)
     q = q_BxTxHxHd.reshape(B, T, K, H // K, Hd)
     scores = scale_scores(jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32), config)
     q_pos = (start_B[:, None] + jnp.arange(T)[None, :])[:, :, None]
-    allowed = jnp.arange(S)[None, None, :] <= q_pos  # [B, T, S]
+    k_pos = (first[:, None] + jnp.arange(S)[None, :])[:, None, :]
+    allowed = k_pos <= q_pos  # [B, T, S]
     if window is not None:
-        allowed &= jnp.arange(S)[None, None, :] > q_pos - window
+        allowed &= k_pos > q_pos - window
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, H * Hd)
