@@ -125,7 +125,21 @@ def run_all(args, overrides):
             seeds = args.sweep_seeds if name in SWEEP else args.seeds
             out[mix][name] = [run_one(args, overrides, mix, name, method, extra, seed)
                               for seed in seeds]
+        if {"grpo", "ada_balance"} <= set(out[mix]) and abs(gap(out[mix])["in_pooled_std"]) < 2:
+            for name in ("grpo", "ada_balance"):  # within 2 std: more seeds for the two
+                out[mix][name] += [run_one(args, overrides, mix, name, name, [], seed)
+                                   for seed in args.more_seeds]
     return out, matched
+
+
+def gap(runs) -> dict:
+    """Ada-balance minus GRPO in held-out accuracy at equal steps (their last evals), in
+    units of the pooled std over seeds."""
+    a, g = ([rec["final_eval_accuracy"] for _, rec in runs[v]] for v in ("ada_balance", "grpo"))
+    pooled = float(np.sqrt((np.var(a) + np.var(g)) / 2))
+    diff = float(np.mean(a) - np.mean(g))
+    return {"equal_steps": diff, "pooled_std": pooled, "seeds": [len(a), len(g)],
+            "in_pooled_std": diff / pooled if pooled else float("inf")}
 
 
 def with_clock(rows: list[dict]) -> list[dict]:
@@ -193,11 +207,7 @@ def summarize(runs: dict, target: float) -> dict:
         s["final_entropy"] = float(np.mean([[r["entropy"] for r in rr if "entropy" in r][-1]
                                             for rr in rows]))
         out["variants"][v] = s
-    a, g = out["variants"]["ada_balance"], out["variants"]["grpo"]
-    pooled = float(np.sqrt((a["equal_steps_std"] ** 2 + g["equal_steps_std"] ** 2) / 2))
-    gap = a["equal_steps"] - g["equal_steps"]
-    out["ada_balance_minus_grpo"] = {"equal_steps": gap, "pooled_std": pooled,
-                                     "in_pooled_std": gap / pooled if pooled else float("inf")}
+    out["ada_balance_minus_grpo"] = gap(runs)
     return out
 
 
@@ -206,25 +216,26 @@ def table(summary: dict) -> str:
     for mix, s in summary["mixes"].items():
         t = s["target"]
         lines += [
-            f"**{mix}** (pass-rate range {MIXES[mix]}; seeds {s['variants']['grpo']['seeds']}; "
-            f"grpo_matched: n = {s['grpo_matched_n']})", "",
-            f"| variant | held-out acc, equal steps | at {s['equal_samples']:.0f} samples | at "
+            f"**{mix}** (pass-rate range {MIXES[mix]}; grpo_matched: n = "
+            f"{s['grpo_matched_n']})", "",
+            f"| variant | seeds | held-out acc, equal steps | at {s['equal_samples']:.0f} samples | at "
             f"{s['equal_seconds']:.0f} s | steps to {t} | seconds to {t} | samples drawn | "
             "seconds | draws/prompt | zero-variance share | final entropy |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for v, r in s["variants"].items():
             def pm(k, fmt=".3f", r=r):
                 return f"{r[k]:{fmt}} ± {r[k + '_std']:{fmt}}" if r[k] == r[k] else "-"
             reach = f"({r['reached_target']}/{r['seeds']})"
             lines.append(
-                f"| {v} | {pm('equal_steps')} | {pm('equal_samples')} | {pm('equal_seconds')} "
+                f"| {v} | {r['seeds']} | {pm('equal_steps')} | {pm('equal_samples')} | {pm('equal_seconds')} "
                 f"| {pm('steps_to_target', '.0f')} {reach} | {pm('seconds_to_target', '.0f')} "
                 f"| {r['samples']:.0f} | {r['seconds']:.0f} | {r['samples_per_prompt']:.2f} "
                 f"| {r['zero_variance_share']:.3f} | {r['final_entropy']:.3f} |")
         g = s["ada_balance_minus_grpo"]
         lines += ["", f"Ada-balance minus GRPO at equal steps: {g['equal_steps']:+.3f} "
-                  f"({g['in_pooled_std']:+.1f} pooled std of {g['pooled_std']:.3f}).", ""]
+                  f"({g['in_pooled_std']:+.1f} pooled std of {g['pooled_std']:.3f}; seeds "
+                  f"{g['seeds'][0]} and {g['seeds'][1]}).", ""]
     return "\n".join(lines)
 
 
@@ -296,6 +307,8 @@ def main(argv=None) -> int:
     p.add_argument("--mixes", default="easy,hard", help=f"comma-separated, of {sorted(MIXES)}")
     p.add_argument("--sweep", default="hard", help="mixes that get the budget sweep ('' none)")
     p.add_argument("--sweep-seeds", help="seeds of the sweep's own runs (default: --seeds)")
+    p.add_argument("--more-seeds", default="3,4", help="seeds added to GRPO and Ada-balance on "
+                   "a mix where their gap at --seeds is within 2 pooled std")
     p.add_argument("--variants", default="", help="run only these (comma-separated; to split "
                    "the runs over processes: finished runs are reused, so a last call without "
                    "it writes the summary)")
@@ -308,6 +321,7 @@ def main(argv=None) -> int:
     args.sweep_seeds = ([int(s) for s in args.sweep_seeds.split(",") if s]
                         if args.sweep_seeds else args.seeds)
     args.variants = [v for v in args.variants.split(",") if v]
+    args.more_seeds = [int(s) for s in args.more_seeds.split(",") if s]
     unknown = [v for v in args.variants if v not in VARIANTS and v not in SWEEP]
     if unknown:
         print(f"error: --variants {unknown} not in {[*VARIANTS, *SWEEP]}", file=sys.stderr)

@@ -58,7 +58,7 @@ def test_summary_at_equal_steps_samples_seconds_and_to_target(tmp_path):
 
     summary = {"start": "s", "command": "c", "date": "d", "mixes": {"hard": dict(s, grpo_matched_n=8)}}
     text = compare.table(summary)
-    assert "| ada_balance | 0.600 ± 0.000 | 0.450 ± 0.050 |" in text and "(+4.2 pooled std" in text
+    assert "| ada_balance | 2 | 0.600 ± 0.000 | 0.450 ± 0.050 |" in text and "(+4.2 pooled std" in text
     compare.plot(runs, ("grpo", "ada_balance"), compare.PANELS, str(tmp_path / "c.png"), "test")
     assert os.path.getsize(tmp_path / "c.png") > 10_000
 
