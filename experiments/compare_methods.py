@@ -354,7 +354,7 @@ def main(argv=None) -> int:
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text)
     for mix, r in runs.items():
-        label = f"{mix} prompts (pass rate {MIXES[mix]}), seeds {args.seeds}, mean ± std"
+        label = f"{mix} prompts (pass rate {MIXES[mix]}), mean ± std over seeds (table.md)"
         plot(r, COMPARED, PANELS, os.path.join(out, f"compare_{mix}.png"), label)
         if mix in args.sweep:
             plot(r, SWEPT, SWEEP_PANELS, os.path.join(out, f"sweep_{mix}.png"),
