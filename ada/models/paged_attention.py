@@ -40,8 +40,9 @@ from ada.models.transformer import (
     block,
     embed,
     final_norm,
+    layer_inv_freqs,
+    per_layer,
     project_logits,
-    rope_inv_freq,
 )
 
 NULL_PAGE = 0
@@ -225,9 +226,6 @@ def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B
     counts = jnp.full((B,), T, jnp.int32) if counts_B is None else counts_B.astype(jnp.int32)
     start = kv.lengths
     positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    windows = c.layer_windows
-    inv_global = rope_inv_freq(c)
-    inv_local = rope_inv_freq(c, local=True) if any(w is not None for w in windows) else None
     num_pages = kv.pages[0].shape[0]
     page_BxT, off_BxT = write_positions(kv.page_table, start, counts, T, kv.page_size, num_pages)
     if attention == "kernel" and (T != 1 or blocks is None):
@@ -235,11 +233,9 @@ def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B
                          " queries) per block")
 
     x = embed(params, c, tokens_BxT)
-    layers = params["layers"]
-    if not isinstance(layers, list | tuple):
-        layers = [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(c.num_layers)]
     new_pages = []
-    for layer, pages, window in zip(layers, kv.pages, windows, strict=True):
+    for layer, pages, window, inv_freq in zip(per_layer(params["layers"], c.num_layers), kv.pages,
+                                              c.layer_windows, layer_inv_freqs(c), strict=True):
         def attend(q, k, v, pages=pages, window=window):
             pages = write_kv(pages, k, v, page_BxT, off_BxT)
             if attention == "kernel":
@@ -251,7 +247,6 @@ def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B
                 attn = attention_gather(q, pages, kv.page_table, start, c, window)
             return attn, pages
 
-        inv_freq = inv_global if window is None else inv_local
         x, pages = block(x, layer, c, positions, inv_freq, attend)
         new_pages.append(pages)
 

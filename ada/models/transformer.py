@@ -162,7 +162,7 @@ def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> Param
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def _per_layer(layers, num_layers: int) -> list:
+def per_layer(layers, num_layers: int) -> list:
     """Stacked layer weights as a list of per-layer dicts (a list passes through)."""
     if isinstance(layers, list | tuple):
         return list(layers)
@@ -184,7 +184,7 @@ def decode_params(params: Params, config: ModelConfig, *, unembed_copy: bool = T
     of the weights; idempotent."""
     if in_decode_form(params, config, unembed_copy):
         return params
-    out = dict(params, layers=_per_layer(params["layers"], config.num_layers))
+    out = dict(params, layers=per_layer(params["layers"], config.num_layers))
     if config.tie_embeddings and unembed_copy:
         out["lm_head"] = params["embed"].T
     return out
@@ -249,13 +249,12 @@ def _block(x_BxTxD, layer, kv, ctx, config: ModelConfig, window=None, inv_freq=N
     def attend(q, k, v):
         if kv is None:
             return attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), allowed, c), None
-        if T == 1 and ctx["read_then_write"]:
-            # Decode: attend to the cache as it was plus the new key and value, then write
-            # them (forward's read_then_write).
-            keys, values, mask, at = _attended(kv, allowed, ctx, window, dt)
-            attn = decode_attention(q, keys, values, k, v, mask, at, c)
-            return attn, (write_kv(kv[0], k, ctx["start"]), write_kv(kv[1], v, ctx["start"]))
         new = (write_kv(kv[0], k, ctx["start"]), write_kv(kv[1], v, ctx["start"]))
+        if T == 1 and ctx["read_then_write"]:
+            # Decode: attend to the cache as it was plus the new key and value; the write
+            # does not feed the reads (forward's read_then_write).
+            keys, values, mask, at = _attended(kv, allowed, ctx, window, dt)
+            return decode_attention(q, keys, values, k, v, mask, at, c), new
         keys, values, mask, _ = _attended(new, allowed, ctx, window if T == 1 else None, dt)
         return attention(q, keys, values, mask, c), new
 
@@ -335,8 +334,7 @@ def forward(
     mask_BxT = mask_BxT.astype(bool)
     windows = c.layer_windows
     local = any(w is not None for w in windows)
-    inv_global = rope_inv_freq(c)
-    inv_local = rope_inv_freq(c, local=True) if local else None
+    inv_freqs = layer_inv_freqs(c)
 
     if cache is None:
         idx = jnp.arange(T)
@@ -364,7 +362,7 @@ def forward(
     if cache is None and not unroll and not isinstance(layers, list | tuple):
         if local:  # each layer's window and RoPE frequencies ride along the scan
             xs = (layers, jnp.asarray([w or _NO_WINDOW for w in windows], jnp.int32),
-                  jnp.stack([inv_global if w is None else inv_local for w in windows]))
+                  jnp.stack(inv_freqs))
 
             def body(x, xs):
                 layer, window, inv_freq = xs
@@ -373,7 +371,7 @@ def forward(
             xs = layers
 
             def body(x, layer):
-                return _block(x, layer, None, ctx, c, None, inv_global)[0], None
+                return _block(x, layer, None, ctx, c, None, inv_freqs[0])[0], None
 
         if remat:
             body = jax.checkpoint(body, prevent_cse=False)
@@ -381,13 +379,12 @@ def forward(
         new_cache = None
     else:
         # One layer at a time, each with its own weight and cache buffers (module docstring).
-        block = jax.checkpoint(_block, static_argnums=(4,)) if remat else _block
+        run_block = jax.checkpoint(_block, static_argnums=(4,)) if remat else _block
         ks, vs = [], []
         # (stacked weights work too, as static slices: XLA:CPU copies them each call)
-        for i, layer in enumerate(_per_layer(layers, c.num_layers)):
+        for i, layer in enumerate(per_layer(layers, c.num_layers)):
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            inv_freq = inv_global if windows[i] is None else inv_local
-            x, kv = block(x, layer, kv, ctx, c, windows[i], inv_freq)
+            x, kv = run_block(x, layer, kv, ctx, c, windows[i], inv_freqs[i])
             if kv is not None:
                 ks.append(kv[0])
                 vs.append(kv[1])
@@ -398,6 +395,17 @@ def forward(
     if return_hidden:
         return x, new_cache
     return project_logits(params, config, x), new_cache
+
+
+def layer_inv_freqs(config: ModelConfig) -> list:
+    """Each layer's RoPE frequencies: a sliding-window layer's own (Gemma 3's local base),
+    every other layer the global ones."""
+    inv_global = rope_inv_freq(config)
+    windows = config.layer_windows
+    if all(w is None for w in windows):
+        return [inv_global] * config.num_layers
+    inv_local = rope_inv_freq(config, local=True)
+    return [inv_global if w is None else inv_local for w in windows]
 
 
 def embed(params: Params, config: ModelConfig, tokens_BxT) -> jax.Array:
@@ -435,6 +443,6 @@ def positions_from_mask(mask_BxT: jax.Array) -> jax.Array:
 __all__ = [
     "FAMILIES", "KVCache", "LinearRopeScaling", "Llama3RopeScaling", "ModelConfig", "Params",
     "apply_rope", "block", "decode_params", "embed", "final_norm", "forward", "in_decode_form",
-    "init_cache", "init_params", "param_shapes", "positions_from_mask", "project_logits",
-    "rms_norm", "rope_inv_freq",
+    "init_cache", "init_params", "layer_inv_freqs", "param_shapes", "per_layer",
+    "positions_from_mask", "project_logits", "rms_norm", "rope_inv_freq",
 ]
