@@ -416,11 +416,19 @@ def test_continuous_batching_and_running_out_of_pages(family):
 # ----------------------------------------------------------------------------- TPU and planning
 
 
-def _abstract_decode(devices, c, B, P, ps):
-    """A one-chip mesh, and abstract bf16 decode params and paged state on it (B slots, a
-    pool of P pages of ps positions per layer, 1 KV head of 128)."""
+def _compile_kernel_step(c, B, ps, pps, blocks):
+    """One paged decode step through the Pallas kernel, compiled for one abstract v5e chip
+    (libtpu ahead of time; skipped without it): abstract bf16 decode params, B slots of pps
+    pages, a pool of B * pps + 1 pages of ps positions per layer, 1 KV head of 128."""
+    import functools
+
+    from ada import tpu
     from ada.models.transformer import decode_params
 
+    try:
+        devices, _ = tpu.tpu_devices("v5e:2x2")
+    except tpu.SliceError as e:
+        pytest.skip(f"libtpu is not usable here: {e}")
     mesh = jax.sharding.Mesh(np.array(devices[:1]), ("x",))
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     A = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
@@ -428,10 +436,14 @@ def _abstract_decode(devices, c, B, P, ps):
         lambda: decode_params(jax.tree.map(lambda s: jnp.zeros(s, jnp.bfloat16), param_shapes(c),
                                            is_leaf=lambda x: isinstance(x, tuple)), c)))
     i32 = A((B,), jnp.int32)
-    state = PagedState(pages=(A((P, ps, 2, 128), jnp.bfloat16),) * c.num_layers, lengths=i32,
-                       logits=A((B, c.vocab_size), jnp.float32), generated=i32, max_new=i32,
-                       active=A((B,), bool), keys=A((B, 2), jnp.uint32))
-    return mesh, params, state, A
+    state = PagedState(pages=(A((B * pps + 1, ps, 2, 128), jnp.bfloat16),) * c.num_layers,
+                       lengths=i32, logits=A((B, c.vocab_size), jnp.float32), generated=i32,
+                       max_new=i32, active=A((B,), bool), keys=A((B, 2), jnp.uint32))
+    fn = jax.jit(functools.partial(generate_fn, config=c, sampling=SamplingConfig(), eos_ids=(0,),
+                                   num_steps=1, attention="kernel", blocks=blocks),
+                 donate_argnums=(1,))
+    with jax.set_mesh(mesh):  # the kernel lowers for the mesh's (TPU) devices
+        return fn.lower(params, state, A((B, pps), jnp.int32)).compile()
 
 
 def test_kernel_path_compiles_for_v5e():
@@ -441,15 +453,8 @@ def test_kernel_path_compiles_for_v5e():
     of a pool-sized buffer, the write in place (aliased), one kernel call per layer. The
     kernel's reads are counted from its pages (the compiler's cost analysis cannot see
     them)."""
-    import functools
     import re
 
-    from ada import tpu
-
-    try:
-        devices, _ = tpu.tpu_devices("v5e:2x2")
-    except tpu.SliceError as e:
-        pytest.skip(f"libtpu is not usable here: {e}")
     c = known("qwen2.5-math-1.5b").replace(
         hidden_size=256, num_heads=6, num_kv_heads=1, intermediate_size=512, vocab_size=4096,
         num_layers=1, dtype="bfloat16", param_dtype="bfloat16")
@@ -457,12 +462,7 @@ def test_kernel_path_compiles_for_v5e():
     P = B * pps + 1
     blocks = tuned_blocks(c, ps, B, pps)
     assert blocks == (16, 32)  # the table's (96, 32) for v5e, page block capped at 16
-    mesh, params, state, A = _abstract_decode(devices, c, B, P, ps)
-    fn = jax.jit(functools.partial(generate_fn, config=c, sampling=SamplingConfig(), eos_ids=(0,),
-                                   num_steps=1, attention="kernel", blocks=blocks),
-                 donate_argnums=(1,))
-    with jax.set_mesh(mesh):  # the kernel lowers for the mesh's (TPU) devices
-        compiled = fn.lower(params, state, A((B, pps), jnp.int32)).compile()
+    compiled = _compile_kernel_step(c, B, ps, pps, blocks)
     hlo = compiled.as_text()
     pool = f"[{P},{ps},2,128]"
     copies = [line for line in hlo.splitlines() if pool in line
@@ -498,24 +498,10 @@ def test_slots_that_fit_at_mean_fill():
 def test_kernel_path_compiles_gemma_options_for_v5e():
     """Gemma 2's local and global layers through the kernel (its own sliding_window,
     soft_cap and sm_scale options) compile for v5e: one kernel call per layer."""
-    import functools
-
-    from ada import tpu
-
-    try:
-        devices, _ = tpu.tpu_devices("v5e:2x2")
-    except tpu.SliceError as e:
-        pytest.skip(f"libtpu is not usable here: {e}")
     c = known("gemma-2-2b").replace(
         hidden_size=256, num_heads=2, num_kv_heads=1, head_dim=128, intermediate_size=512,
         vocab_size=4096, num_layers=2, sliding_windows=(64, None), dtype="bfloat16",
         param_dtype="bfloat16")
     B, ps, pps = 16, 16, 8
-    P = B * pps + 1
-    mesh, params, state, A = _abstract_decode(devices, c, B, P, ps)
-    fn = jax.jit(functools.partial(generate_fn, config=c, sampling=SamplingConfig(), eos_ids=(0,),
-                                   num_steps=1, attention="kernel",
-                                   blocks=tuned_blocks(c, ps, B, pps)), donate_argnums=(1,))
-    with jax.set_mesh(mesh):
-        hlo = fn.lower(params, state, A((B, pps), jnp.int32)).compile().as_text()
+    hlo = _compile_kernel_step(c, B, ps, pps, tuned_blocks(c, ps, B, pps)).as_text()
     assert hlo.count("ragged_paged_attention_kernel") >= 2
