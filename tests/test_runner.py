@@ -53,6 +53,7 @@ def cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("adacache"))
 
 
+@pytest.mark.numerics
 def test_end_to_end_and_exact_resume_after_sigkill(tmp_path, cache):
     import jax
 

@@ -24,6 +24,8 @@ from ada.sampling.driver import Driver, Request
 from ada.sampling.engine import Engine
 from ada.sampling.samplers import SamplingConfig
 
+pytestmark = pytest.mark.numerics  # CI runs it again under another CPU's kernels
+
 CFG = preset("tiny", family="llama")
 B, T = 32, 16
 OFF_POLICY = train.TrainConfig(
