@@ -303,7 +303,8 @@ def make_engine(config, model_cfg, tokenizer: Tokenizer | None, mesh=None, *,
     tokenizer it stops at no EOS id (the planner: no compiled shape depends on them).
     temperature, max_new_tokens and num_slots default to the sampling section's.
     sampling.kv_cache=paged gives a paged.PagedEngine, which the Driver runs with the same
-    contract (docs/paged.md)."""
+    contract (docs/paged.md); on TPU its decode attention is the Pallas kernel
+    (sampling.paged_attention=auto)."""
     s = config.sampling
     mesh = sampling_mesh(config) if mesh is None else mesh
     num_slots = s.num_slots if num_slots is None else num_slots
@@ -322,8 +323,14 @@ def make_engine(config, model_cfg, tokenizer: Tokenizer | None, mesh=None, *,
         num_windows=s.num_windows, min_prompt_bucket=min(16, prompt_len))
     if s.kv_cache != "paged":
         return Engine(model_cfg, slot_bucketing=s.slot_bucketing, **common)
+    platform = (jax.local_devices()[0] if mesh is None else mesh.devices.flat[0]).platform
+    if s.paged_attention == "kernel" and platform != "tpu":
+        raise ConfigError(f"sampling.paged_attention='kernel' needs TPU devices (the Pallas "
+                          f"kernel does not run on {platform}); pass "
+                          "--config.sampling.paged_attention=auto or gather")
     try:
-        return PagedEngine(model_cfg, page_size=s.page_size, num_pages=s.num_pages, **common)
+        return PagedEngine(model_cfg, page_size=s.page_size, num_pages=s.num_pages,
+                           attention=s.paged_attention, **common)
     except ValueError as e:  # the pool's size (eval.max_new_tokens may exceed sampling's)
         raise ConfigError(f"sampling.num_pages: {e}; raise --config.sampling.num_pages "
                           "(0 = every slot's worst case)") from None

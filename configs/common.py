@@ -99,6 +99,7 @@ def base() -> ml_collections.ConfigDict:
     c.sampling.kv_cache = "dense"  # dense | paged (qwen2, qwen3, llama)
     c.sampling.page_size = 16  # paged: tokens per page
     c.sampling.num_pages = 0  # paged: pages in the pool; 0 = every slot's worst case (never preempts)
+    c.sampling.paged_attention = "auto"  # paged: auto (TPU: kernel, else gather) | kernel | gather
     c.sampling.mean_response_len = 0  # ada.plan: mean response tokens slots are planned at with pages; 0 = half of max_new_tokens
 
     # The policy loss: ada.rl.losses.LossConfig, field for field.

@@ -84,7 +84,7 @@ def test_tpu_form_equals_cpu_form(model, greedy_engine, monkeypatch):
 
     _, params, config = model
     monkeypatch.setattr(engine_mod, "backend_choices", lambda platform: engine_mod.BackendChoices(
-        unembed_copy=False, read_then_write=True))
+        unembed_copy=False, read_then_write=True, paged_attention="gather"))
     tpu_form = Engine(config, num_slots=4, max_prompt_len=16, max_new_tokens=24, chunk_size=8,
                       sampling=SamplingConfig(temperature=0.0), max_prefill_rows=4)
     reqs = [Request(p, i, 0, n) for i, (p, n) in enumerate(zip(prompts(5, seed=1),

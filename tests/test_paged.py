@@ -8,6 +8,7 @@ v5e through libtpu; the planner's slots at mean fill."""
 from __future__ import annotations
 
 import collections
+import os
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,8 @@ pytestmark = pytest.mark.numerics  # CI runs it again under another CPU's kernel
 
 FAMILIES = ("qwen2", "qwen3", "llama")
 GEMMA_WINDOW = 8  # the Gemma models' sliding window here: the requests run past it
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "configs", "default.py")
 
 
 def tiny(family):
@@ -328,6 +331,55 @@ def test_paged_decode_equals_dense_decode(family):
     assert max_logit_diff < f["tol"], (max_logit_diff, f["tol"])
 
 
+@pytest.mark.parametrize("family", FAMILIES + ("gemma2", "gemma3"))
+def test_kernel_arguments_give_the_gather_paths_outputs(family):
+    """The arguments the engine's kernel path hands ragged_paged_attention (which cannot run
+    here), passed to the kernel's own reference, give the gather path's logits: every
+    family (Gemma's windows, reached: the slots hold more than GEMMA_WINDOW tokens), prompt
+    0's full pages shared by two slots, and an idle slot whose length is stale and whose
+    table row is null: it reads one token of the null page, not up to its old length."""
+    from ada.models.paged_attention import PagedKV, paged_forward, reference_decode
+
+    f = setup_family(family)
+    eng, params, base, c = f["engine"], f["params"], f["base"], f["config"]
+    reqs = [0, 2, 1, 3]  # requests 0 and 2 share prompt 0
+    alloc = PageAllocator(eng.num_pages, eng.page_size, eng.num_slots, eng.pages_per_slot)
+    state, handles, logits = eng.init_state(), {}, {}
+    for p in sorted({REQUESTS[r][0] for r in reqs}):
+        handles[p] = alloc.alloc_prompt(len(base[p]))
+        state, logits[p] = eng.prefill(params, state, [base[p]], [handles[p]])
+    for slot, r in enumerate(reqs):
+        p, m = REQUESTS[r]
+        state = eng.attach(state, logits[p], alloc.attach(slot, handles[p], lookahead=m),
+                           [slot], [0], [len(base[p])], jax.random.PRNGKey(0), [r], [0], [m])
+    state, _ = eng.generate(params, state, alloc.table, len(base[2]))  # a chunk: 14 + 4 > 8
+    state = eng.stop(state, [3])  # slot 3 idle: its length stays, its pages go back
+    alloc.free(3)
+    live = np.asarray(state.active)
+    assert live.tolist() == [True, True, True, False] and int(state.lengths[3]) > 1
+    tokens = jnp.argmax(state.logits, -1).astype(jnp.int32)[:, None]
+    kv = PagedKV(pages=state.pages, page_table=jnp.asarray(alloc.table), lengths=state.lengths)
+    counts = jnp.asarray(live, jnp.int32)
+    want, want_kv = paged_forward(params, c, tokens, kv, counts)
+    seen = []
+
+    def reference(q, pages, kv_lens, table, **options):
+        seen.append(np.asarray(kv_lens))
+        return reference_decode(q, pages, kv_lens, table, **options)
+
+    got, got_kv = paged_forward(params, c, tokens, kv, counts, attention="kernel",
+                                blocks=tuned_blocks(c, eng.page_size, eng.num_slots,
+                                                    eng.pages_per_slot), kernel=reference)
+    assert len(seen) == c.num_layers
+    np.testing.assert_array_equal(seen[0], np.where(live, np.asarray(state.lengths) + 1, 1))
+    assert np.abs(np.asarray(got - want))[live].max() <= f["tol"]
+    # the same writes: the first layer's keys and values bit for bit, later layers' from
+    # inputs equal up to rounding
+    np.testing.assert_array_equal(np.asarray(got_kv.pages[0]), np.asarray(want_kv.pages[0]))
+    for a, b in zip(got_kv.pages[1:], want_kv.pages[1:], strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=model_tol(b, c))
+
+
 def run_paged(eng, alloc, params, requests, lookahead):
     """The driver loop over pages (docs/paged.md): admit FIFO while can_admit (else defer),
     prefill each new prompt once and attach its samples, grow every running slot for the
@@ -482,6 +534,57 @@ def test_kernel_path_compiles_for_v5e():
     full = kernel_read_bytes([3072] * B, ps, blocks[0], one_page)
     assert full == B * pps * one_page  # the whole window: every page once
     assert kernel_read_bytes([700] * B, ps, blocks[0], one_page) == B * 32 * one_page
+
+
+def test_make_engine_builds_the_kernel_on_tpu_and_it_compiles_for_v5e():
+    """make_engine on TPU chips (an abstract v5e:2x2 slice, sampling.mesh (2, 2), the default
+    sampling.paged_attention=auto) builds the kernel path with its blocks for v5e, and the
+    engine's own generate compiles with a kernel call per layer run on every chip's own
+    slots and heads: no collective moves a pool-sized buffer and the pool is not copied. On
+    CPU, auto is the gather path and 'kernel' is refused in one line."""
+    import re
+
+    from ada import config as C
+    from ada import sharding as shd
+    from ada import tpu
+    from ada.setup import make_engine
+
+    c = known("qwen2.5-math-1.5b").replace(  # head_dim 128 (the kernel's), 2 KV heads
+        hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=4096,
+        num_layers=2, dtype="bfloat16", param_dtype="bfloat16")
+    cfg = C.build_config(DEFAULT_CONFIG, [("sampling.kv_cache", "paged"),
+                                          ("sampling.num_slots", "16"),
+                                          ("sampling.page_size", "16")])
+    assert cfg.sampling.paged_attention == "auto"
+    assert make_engine(cfg, c, None, None).attention == "gather"  # this CPU
+    bad = C.build_config(DEFAULT_CONFIG, [("sampling.kv_cache", "paged"),
+                                          ("sampling.paged_attention", "kernel")])
+    with pytest.raises(C.ConfigError, match="needs TPU devices") as e:
+        make_engine(bad, c, None, None)
+    assert "\n" not in str(e.value) and "--config.sampling.paged_attention" in str(e.value)
+    try:
+        devices, _ = tpu.tpu_devices("v5e:2x2")
+    except tpu.SliceError as err:
+        pytest.skip(f"libtpu is not usable here: {err}")
+    mesh = shd.make_mesh((2, 1, 2), devices)
+    eng = make_engine(cfg, c, None, mesh)
+    assert eng.attention == "kernel" and eng.blocks == tuned_blocks(
+        c, eng.page_size, 8, eng.pages_per_slot, "TPU v5 lite", kv_head_shards=2)
+    stacked = jax.eval_shape(lambda: jax.tree.map(
+        lambda s: jnp.zeros(s, jnp.bfloat16), param_shapes(c),
+        is_leaf=lambda x: isinstance(x, tuple)))
+    params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                          jax.eval_shape(eng._sampling_fn, stacked),
+                          shd.param_shardings(jax.eval_shape(eng._sampling_fn, stacked), mesh))
+    hlo = eng.lower_generate(params).compile().as_text()
+    assert hlo.count("ragged_paged_attention") >= c.num_layers
+    pool = eng.num_pages * eng.page_size * 2 * c.num_kv_heads // 2 * c.head_dim * 2  # per chip
+    big = [line.strip()[:200] for line in hlo.splitlines()
+           if re.search(r"= \S+ (all-gather|all-to-all|collective-permute|all-reduce|copy)"
+                        r"(-start)?\(", line)
+           and any(int(np.prod([int(d) for d in dims.split(",") if d])) * 2 >= pool
+                   for dims in re.findall(r"bf16\[([\d,]*)\]", line.split("(")[0]))]
+    assert not big, big[:3]
 
 
 def test_slots_that_fit_at_mean_fill():

@@ -145,27 +145,54 @@ def attention_gather(q_BxTxHxHd, pages_PxSxCxHd, page_table_BxW, start_B, config
     return jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, H * Hd)
 
 
+def ragged_decode(q_BxHxHd, pages_PxSxCxHd, kv_lens_B, page_table_BxW, *, impl=None,
+                  **options):
+    """One query per slot through `impl` (default the Pallas kernel
+    `ragged_paged_attention`) in its ragged layout: slot b is sequence b, with query b.
+    The engine runs it per shard of its mesh (paged.sharded_kernel); CPU tests pass
+    `reference_decode`. Returns [B, H, Hd]."""
+    if impl is None:
+        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import (
+            ragged_paged_attention as impl,
+        )
+    B = q_BxHxHd.shape[0]
+    return impl(q_BxHxHd, pages_PxSxCxHd, kv_lens_B, page_table_BxW,
+                jnp.arange(B + 1, dtype=jnp.int32), jnp.full((1,), B, jnp.int32), **options)
+
+
+def reference_decode(q_BxHxHd, pages_PxSxCxHd, kv_lens_B, page_table_BxW, **options):
+    """ragged_decode through the kernel's own pure-JAX reference (`ref_ragged_paged_attention`,
+    which drops the kernel's block options and needs concrete lengths: call it eagerly)."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import (
+        ref_ragged_paged_attention,
+    )
+
+    kernel_only = ("num_kv_pages_per_block", "num_queries_per_block", "vmem_limit_bytes")
+    return ragged_decode(q_BxHxHd, pages_PxSxCxHd, kv_lens_B, page_table_BxW,
+                         impl=ref_ragged_paged_attention,
+                         **{k: v for k, v in options.items() if k not in kernel_only})
+
+
 def attention_kernel(q_BxHxHd, pages_PxSxCxHd, page_table_BxW, kv_lens_B, config: ModelConfig,
                      window: int | None = None, *, num_kv_pages_per_block: int,
-                     num_queries_per_block: int, vmem_limit_bytes: int | None = None):
+                     num_queries_per_block: int, vmem_limit_bytes: int | None = None,
+                     kernel=ragged_decode):
     """Decode attention (one query per slot) through the Pallas TPU kernel. kv_lens_B
-    counts the new token (written first). The config's score scale and soft-cap and the
-    layer's sliding window are the kernel's own options. Returns [B, H * Hd].
+    counts the new token (written first); every slot's must be >= 1, its one query (an idle
+    slot: 1, one token of the null page its table row holds). The config's score scale and
+    soft-cap and the layer's sliding window are the kernel's own options. Returns [B, H * Hd].
 
     The block sizes are explicit: the kernel's tuned-size lookup asks the default backend,
     which is the CPU when compiling ahead of time (`tuned_blocks` reads its table for a
     named chip). Call it under `jax.set_mesh(mesh)` of TPU devices (libtpu AOT or real).
-    A slot with no tokens gets length 1 (it reads the null page; its output is unused)."""
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
-
+    `kernel`: ragged_decode's signature (the engine's is shard-mapped over its mesh)."""
     B, H, Hd = q_BxHxHd.shape
     # The kernel's dots take the ambient matmul precision, and Mosaic rejects "highest"
     # (fp32 passes) on bfloat16 operands: trace it at the default whatever the caller set.
     with jax.default_matmul_precision("default"):
-        out = ragged_paged_attention(
-            q_BxHxHd, pages_PxSxCxHd, jnp.maximum(kv_lens_B, 1).astype(jnp.int32),
-            page_table_BxW.astype(jnp.int32), jnp.arange(B + 1, dtype=jnp.int32),
-            jnp.full((1,), B, jnp.int32), sm_scale=score_scale(config),
+        out = kernel(
+            q_BxHxHd, pages_PxSxCxHd, kv_lens_B.astype(jnp.int32),
+            page_table_BxW.astype(jnp.int32), sm_scale=score_scale(config),
             sliding_window=window, soft_cap=config.attn_logit_softcap,
             num_kv_pages_per_block=num_kv_pages_per_block,
             num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes)
@@ -211,14 +238,15 @@ def kernel_read_bytes(kv_lens, page_size: int, num_kv_pages_per_block: int,
 
 def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B=None, *,
                   attention: str = "gather", blocks: tuple[int, int] | None = None,
-                  return_hidden: bool = False):
+                  return_hidden: bool = False, kernel=ragged_decode):
     """Run the model on T new tokens per slot over the paged cache: the dense forward's
     blocks (ada.models.transformer.block), attending through pages.
 
     Token t of slot b is at position kv.lengths[b] + t; tokens t >= counts_B[b] (default:
     all T) are padding: not written, their outputs unused. Each layer writes its new keys
     and values into their pages, then attends over the slot's pages (module docstring);
-    `blocks` = (num_kv_pages_per_block, num_queries_per_block) for attention="kernel".
+    `blocks` = (num_kv_pages_per_block, num_queries_per_block) for attention="kernel"
+    (`kernel`: ragged_decode or its shard-mapped or reference form).
     Returns (logits [B, T, V] float32 or the final hidden states, the updated PagedKV
     with lengths advanced by counts_B)."""
     c = config
@@ -232,6 +260,9 @@ def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B
         raise ValueError("attention='kernel' is decode only (T = 1) and needs blocks=(kv pages,"
                          " queries) per block")
 
+    # the kernel's kv lengths: a slot's tokens with the new one; an idle slot (no new token,
+    # its table row null) reads one token of the null page, not up to its stale length
+    kv_lens = jnp.where(counts > 0, start + counts, 1)
     x = embed(params, c, tokens_BxT)
     new_pages = []
     for layer, pages, window, inv_freq in zip(per_layer(params["layers"], c.num_layers), kv.pages,
@@ -240,9 +271,9 @@ def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B
             pages = write_kv(pages, k, v, page_BxT, off_BxT)
             if attention == "kernel":
                 attn = attention_kernel(
-                    q[:, 0], pages, kv.page_table, start + counts, c, window,
+                    q[:, 0], pages, kv.page_table, kv_lens, c, window,
                     num_kv_pages_per_block=min(blocks[0], kv.page_table.shape[1]),
-                    num_queries_per_block=min(blocks[1], B))[:, None]
+                    num_queries_per_block=min(blocks[1], B), kernel=kernel)[:, None]
             else:
                 attn = attention_gather(q, pages, kv.page_table, start, c, window)
             return attn, pages

@@ -133,13 +133,17 @@ class BackendChoices:
     # read_then_write): on TPU the cache then streams from HBM with the write in place; on
     # XLA:CPU it would copy every layer's loop-carried cache per step.
     read_then_write: bool
+    # The paged cache's decode attention: the Pallas ragged_paged_attention kernel on TPU (it
+    # reads each slot's pages up to its length); the pure-JAX gather elsewhere.
+    paged_attention: str
 
 
 def backend_choices(platform: str) -> BackendChoices:
     """The choices for a backend ("cpu", "tpu", "gpu"...): docs/results.md, "Decode on TPU".
     Backends other than XLA:CPU take the TPU's (measured there, compiled ahead of time)."""
     cpu = platform == "cpu"
-    return BackendChoices(unembed_copy=cpu, read_then_write=not cpu)
+    return BackendChoices(unembed_copy=cpu, read_then_write=not cpu,
+                          paged_attention="kernel" if platform == "tpu" else "gather")
 
 
 def sampler_layout(config: ModelConfig, num_slots: int, mesh) -> tuple[BackendChoices, int]:

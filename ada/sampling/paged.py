@@ -22,6 +22,7 @@ TPU kernel; blocks from `paged_attention.tuned_blocks`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -36,6 +37,8 @@ from ada.models.paged_attention import (
     copy_pages,
     init_pages,
     paged_forward,
+    ragged_decode,
+    tuned_blocks,
 )
 from ada.models.transformer import ModelConfig, in_decode_form, project_logits
 from ada.sampling.engine import (
@@ -100,7 +103,7 @@ def stop_fn(state: PagedState, stop_B) -> PagedState:
 
 def decode_step(params, state: PagedState, page_table_BxW, *, config: ModelConfig,
                 sampling: SamplingConfig, eos_ids: tuple[int, ...], attention: str = "gather",
-                blocks=None, vocab_shards: int = 1):
+                blocks=None, vocab_shards: int = 1, kernel=ragged_decode):
     """engine.decode_step over pages: sample each active slot's token, run the model on it."""
     keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
     tokens_B, logprobs_B = sample(state.logits, keys, sampling, vocab_shards=vocab_shards)
@@ -111,7 +114,7 @@ def decode_step(params, state: PagedState, page_table_BxW, *, config: ModelConfi
     active = valid_B & ~is_eos & (generated < state.max_new)
     kv = PagedKV(pages=state.pages, page_table=page_table_BxW, lengths=state.lengths)
     logits, kv = paged_forward(params, config, tokens_B[:, None], kv, valid_B.astype(jnp.int32),
-                               attention=attention, blocks=blocks)
+                               attention=attention, blocks=blocks, kernel=kernel)
     new_state = state.replace(pages=kv.pages, lengths=kv.lengths, logits=logits[:, 0],
                               generated=generated, active=active)
     return new_state, (tokens_B, logprobs_B, valid_B)
@@ -120,13 +123,13 @@ def decode_step(params, state: PagedState, page_table_BxW, *, config: ModelConfi
 def generate_fn(params, state: PagedState, page_table_BxW, *, config: ModelConfig,
                 sampling: SamplingConfig, eos_ids: tuple[int, ...], num_steps: int,
                 attention: str = "gather", blocks=None, vocab_shards: int = 1,
-                constrain=None) -> tuple[PagedState, Chunk]:
+                constrain=None, kernel=ragged_decode) -> tuple[PagedState, Chunk]:
     """num_steps decode steps under lax.scan; every live slot's pages must already hold
     its tokens after the chunk (the host grows them first)."""
     def body(s, _):
         return decode_step(params, s, page_table_BxW, config=config, sampling=sampling,
                            eos_ids=eos_ids, attention=attention, blocks=blocks,
-                           vocab_shards=vocab_shards)
+                           vocab_shards=vocab_shards, kernel=kernel)
 
     state, (tok, lp, valid) = jax.lax.scan(body, state, None, length=num_steps)
     if constrain is not None:
@@ -134,6 +137,25 @@ def generate_fn(params, state: PagedState, page_table_BxW, *, config: ModelConfi
     W = page_table_BxW.shape[1] * state.pages[0].shape[1]
     return state, Chunk(tokens=tok.T, logprobs=lp.T, valid=valid.T, active=state.active,
                         window=W)
+
+
+def sharded_kernel(mesh: Mesh, heads_axis):
+    """paged_attention.ragged_decode run on each shard of `mesh` (shard_map): slots over data
+    (each shard's queries, lengths and page-table rows, its own sequence layout) and heads
+    over `heads_axis` as the pool's combined heads (None: every shard reads all heads), so
+    the kernel reads only pages its chip holds and no cache moves between chips."""
+    from jax.sharding import PartitionSpec as P
+
+    def call(q_BxHxHd, pages, kv_lens_B, page_table_BxW, **options):
+        batch = shd.spec_for(("batch",), (q_BxHxHd.shape[0],), mesh)[0]
+        return jax.shard_map(
+            functools.partial(ragged_decode, **options), mesh=mesh,
+            in_specs=(P(batch, heads_axis, None), P(None, None, heads_axis, None), P(batch),
+                      P(batch, None)),
+            out_specs=P(batch, heads_axis, None), check_vma=False,
+        )(q_BxHxHd, pages, kv_lens_B, page_table_BxW)
+
+    return call
 
 
 class PagedEngine:
@@ -151,7 +173,9 @@ class PagedEngine:
         request is admitted with its worst case reserved and never preempted. Otherwise
         requests are admitted by expected fill (a chunk of lookahead, `watermark` pages kept
         free) and the youngest are preempted when the running ones cannot grow.
-      attention: "gather" (pure JAX, any backend) or "kernel" (Pallas, TPU, with `blocks`).
+      attention: "gather" (pure JAX, any backend), "kernel" (the Pallas kernel, TPU; run per
+        shard of the mesh by `sharded_kernel`, blocks from `tuned_blocks` for the mesh's chip
+        unless given) or "auto" (the backend's: engine.backend_choices).
     Windows: generate reads the first W columns of the page table, W the smallest of
     `num_windows` equal steps of pages_per_slot that holds every live slot's pages.
     """
@@ -164,6 +188,8 @@ class PagedEngine:
                  sampling: SamplingConfig | None = None, eos_ids=(), chunk_size: int = 8,
                  min_prompt_bucket: int = 16, max_prefill_rows: int = 8, num_windows: int = 4,
                  mesh: Mesh | None = None, attention: str = "gather", blocks=None):
+        if attention not in ("auto", "gather", "kernel"):
+            raise ValueError(f"attention={attention!r} is not one of auto, gather, kernel")
         self.config, self.num_slots, self.page_size = config, int(num_slots), int(page_size)
         self.max_new_tokens, self.chunk_size, self.mesh = int(max_new_tokens), int(chunk_size), mesh
         self.sampling = sampling or SamplingConfig()
@@ -191,13 +217,26 @@ class PagedEngine:
         self.window_buckets = tuple(sorted({min(step * i, self.pages_per_slot)
                                             for i in range(1, int(num_windows) + 1)}))
         self.choices, self.vocab_shards = sampler_layout(config, self.num_slots, mesh)
+        self.attention = self.choices.paged_attention if attention == "auto" else attention
+        kernel = ragged_decode
+        if self.attention == "kernel":
+            data = 1 if mesh is None else mesh.shape["data"]
+            heads = None if mesh is None else self.state_shardings().pages[0].spec[2]
+            device = (jax.local_devices()[0] if mesh is None else mesh.devices.flat[0])
+            blocks = blocks or tuned_blocks(
+                config, self.page_size, self.num_slots // data, self.pages_per_slot,
+                device_kind=device.device_kind,
+                kv_head_shards=mesh.shape["tensor"] if heads else 1)
+            if mesh is not None and mesh.size > 1:
+                kernel = sharded_kernel(mesh, heads)
+        self.blocks = blocks
         self._prefill = jax.jit(functools.partial(prefill_fn, config=config), donate_argnums=(1,))
         self._attach = jax.jit(functools.partial(attach_fn), donate_argnums=(0,))
         self._stop = jax.jit(functools.partial(stop_fn), donate_argnums=(0,))
         self._generate = jax.jit(
             functools.partial(generate_fn, config=config, sampling=self.sampling,
-                              eos_ids=self.eos_ids, attention=attention, blocks=blocks,
-                              vocab_shards=self.vocab_shards,
+                              eos_ids=self.eos_ids, attention=self.attention, blocks=blocks,
+                              vocab_shards=self.vocab_shards, kernel=kernel,
                               constrain=self._constrain if mesh is not None else None),
             static_argnames=("num_steps",), donate_argnums=(1,))
         self._sampling_fn = functools.partial(sampling_params, config=config,
@@ -252,7 +291,14 @@ class PagedEngine:
         K = self.chunk_size if num_steps is None else int(num_steps)
         W = self.window_pages(self.cache_len if filled is None else filled, K)
         table = jax.ShapeDtypeStruct((self.num_slots, W), jnp.int32)
-        return self._generate.lower(params, self.abstract_state(), table, num_steps=K)
+        with self._kernel_mesh():
+            return self._generate.lower(params, self.abstract_state(), table, num_steps=K)
+
+    def _kernel_mesh(self):
+        """The Pallas kernel lowers for the devices of the ambient mesh: the engine's."""
+        if self.attention == "kernel" and self.mesh is not None:
+            return jax.set_mesh(self.mesh)
+        return contextlib.nullcontext()
 
     # -- the contract ------------------------------------------------------------
 
@@ -319,8 +365,9 @@ class PagedEngine:
         `filled` (the most tokens a live slot holds) + num_steps."""
         K = self.chunk_size if num_steps is None else int(num_steps)
         W = self.window_pages(filled, K)
-        return self._generate(params, state, np.asarray(page_table[:, :W], np.int32),
-                              num_steps=K)
+        with self._kernel_mesh():
+            return self._generate(params, state, np.asarray(page_table[:, :W], np.int32),
+                                  num_steps=K)
 
     def compiles(self) -> dict[str, int]:
         """Compilations made so far, per function (jit's own cache sizes)."""

@@ -1,4 +1,5 @@
-"""The sampler's KV-cache knobs checked (sampling.kv_cache, page_size, num_pages; ada.config's
+"""The sampler's KV-cache knobs checked (sampling.kv_cache, page_size, num_pages,
+paged_attention; ada.config's
 `validate` calls `kv_cache_problems`): one line each, naming the knob and the fix, before
 anything compiles. ada.setup.make_engine builds the engine they describe."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 from ada.sampling.pages import min_pool_pages
 
 KV_CACHES = ("dense", "paged")
+PAGED_ATTENTION = ("auto", "kernel", "gather")
 
 
 def kv_cache_problems(config) -> list[str]:
@@ -19,6 +21,9 @@ def kv_cache_problems(config) -> list[str]:
         return [f"sampling.mean_response_len={s.mean_response_len} is not in [0, "
                 f"sampling.max_new_tokens={s.max_new_tokens}]: pass a mean response length in "
                 "tokens, or 0 for half of max_new_tokens"]
+    if s.paged_attention not in PAGED_ATTENTION:
+        return [f"sampling.paged_attention={s.paged_attention!r} is not one of "
+                f"{', '.join(PAGED_ATTENTION)}: pass --config.sampling.paged_attention=auto"]
     if s.kv_cache == "dense":
         return []
     if s.page_size < 1 or s.num_pages < 0:
