@@ -184,3 +184,90 @@ def test_moves_are_told_apart():
 }"""
     assert [(kind, relayout) for kind, relayout, _ in moves(tpu_text, 8 * 256 * 128 * 2)] == [
         ("copy-start", False), ("copy", True), ("copy", False), ("transpose", True)]
+
+
+def kv_moves(hlo: str, limit: int, head_dim: int, copies: bool) -> list[str]:
+    """Collectives (and, with `copies`, plain copies: not the copy-starts that stage a buffer
+    into on-chip memory) of a key / value buffer of `limit` bytes or more: arrays of 4 or
+    more dims whose minor dim is head_dim (caches, pools, a prompt's new keys and values).
+    The tensor-parallel all-reduces of the activations ([.., hidden]) are not moves."""
+    out = []
+    for line in hlo.splitlines():
+        m = re.search(r"= (.+?) (all-gather|all-to-all|collective-permute|all-reduce|"
+                      r"reduce-scatter|copy)(-start)?\(", line)
+        if not m or (m.group(2) == "copy" and (m.group(3) or not copies)):
+            continue
+        kv = [size for size, dims, _ in _arrays(m.group(1))
+              if dims.count(",") >= 3 and dims.endswith(f",{head_dim}")]
+        if any(size >= limit for size in kv):
+            out.append(f"{m.group(2)} {m.group(1)[:120]}")
+    return out
+
+
+def test_v5e_no_cache_moves_between_chips_in_any_bucket():
+    """Every program a sampler compiles on a data 2 x tensor 2 v5e slice, dense and paged,
+    for every bucket: generate at each window (slot bucketing asked for, and dropped: the
+    first b slots of a batch-split cache lie on the first shards, and a chunk on them moved
+    every layer's cache between chips), prefill at the smallest and largest row bucket,
+    insert / attach at every count. None holds a collective of a cache, a pool or a prompt's
+    keys and values; generate, insert and attach hold no plain copy of one either (prefill
+    lays its prompt's new keys and values out as the cache holds them: a copy on the chip)."""
+    from ada.sampling.paged import PagedEngine
+
+    try:
+        devices, _ = tpu.tpu_devices("v5e:2x2")
+    except tpu.SliceError as e:
+        pytest.skip(f"libtpu is not usable here: {e}")
+    mesh = shd.make_mesh((2, 1, 2), devices)
+    S = jax.ShapeDtypeStruct
+    i32 = lambda *shape: S(shape, jnp.int32)
+    u32 = lambda *shape: S(shape, jnp.uint32)
+    put = lambda tree, shardings: jax.tree.map(
+        lambda x, s: S(x.shape, x.dtype, sharding=s), tree, shardings)
+    stacked = jax.eval_shape(lambda: jax.tree.map(
+        lambda s: jnp.zeros(s, jnp.bfloat16), param_shapes(CONFIG),
+        is_leaf=lambda x: isinstance(x, tuple)))
+    Hd, found = CONFIG.head_dim, []
+    dense = Engine(CONFIG, num_slots=SLOTS, max_prompt_len=PROMPT, max_new_tokens=NEW,
+                   chunk_size=STEPS, mesh=mesh, slot_bucketing=True)
+    assert dense.slot_buckets == (SLOTS,)
+    paged = PagedEngine(CONFIG, num_slots=SLOTS, max_prompt_len=PROMPT, max_new_tokens=NEW,
+                        chunk_size=STEPS, mesh=mesh, page_size=16, attention="auto")
+    assert paged.attention == "kernel"
+    per_chip_heads = CONFIG.num_kv_heads // 2
+    for eng in (dense, paged):
+        sp = jax.eval_shape(eng._sampling_fn, stacked)
+        params = put(sp, shd.param_shardings(sp, mesh))
+        P = eng.prompt_buckets[-1]
+        layer = SLOTS // 2 * per_chip_heads * eng.cache_len * Hd * 2  # a layer's keys, a chip
+        if eng is dense:
+            state = put(jax.eval_shape(eng.init_decode_state), eng.state_shardings())
+            programs = [(f"generate window {w}", True, layer, eng._generate.lower(
+                params, state, num_steps=STEPS, num_slots=SLOTS, window=w))
+                for w in eng.window_buckets]
+            for N in (eng.row_buckets[0], eng.row_buckets[-1]):
+                args = (params, S((N, P), jnp.int32), S((N, P), bool))
+                programs.append((f"prefill {N}", False, N * P * per_chip_heads * Hd * 2,
+                                 eng._prefill.lower(*args)))
+                prefix = jax.eval_shape(eng._prefill, *args)
+            programs += [(f"insert {n}", True, layer, eng._insert_many.lower(
+                prefix, state, i32(n), i32(n), u32(2), u32(n), u32(n), i32(n)))
+                for n in eng.insert_buckets]
+        else:
+            state = eng.abstract_state()
+            with eng._kernel_mesh():
+                programs = [(f"paged generate window {w}", True, layer, eng._generate.lower(
+                    params, state, i32(SLOTS, w), num_steps=STEPS))
+                    for w in eng.window_buckets]
+            programs += [(f"paged prefill {N}", False, N * P * per_chip_heads * Hd * 2,
+                          eng._prefill.lower(params, state.pages, i32(N, P), i32(N),
+                                             i32(N, P // eng.page_size)))
+                         for N in (eng.row_buckets[0], eng.row_buckets[-1])]
+            programs += [(f"attach {n}", True, layer, eng._attach.lower(
+                state, S((eng.row_buckets[-1], CONFIG.vocab_size), jnp.float32), i32(n),
+                i32(n), i32(n), i32(n), i32(n), u32(2), u32(n), u32(n), i32(n)))
+                for n in eng.insert_buckets]
+        for name, copies, limit, lowered in programs:
+            found += [f"{name}: {m}" for m in kv_moves(lowered.compile().as_text(), limit, Hd,
+                                                       copies)]
+    assert not found, "\n".join(found[:8])

@@ -249,7 +249,7 @@ class Engine:
         params and the decode state are laid out by ada.sharding's tables (slots like a
         batch).
       slot_bucketing: compile `generate` for power-of-two slot counts too, so the tail of
-        a round runs on fewer slots.
+        a round runs on fewer slots (off where the mesh splits slots over data).
       num_windows: attention-window buckets of `generate`: the cache length S split into
         this many equal steps. A chunk whose live slots have filled at most w positions
         attends to the smallest window >= w + chunk_size instead of all S, so short
@@ -284,13 +284,16 @@ class Engine:
         self.prompt_buckets = pow2_buckets(min(min_prompt_bucket, max_prompt_len), max_prompt_len)
         self.max_prompt_len = self.prompt_buckets[-1]
         self.cache_len = self.max_prompt_len + self.max_new_tokens
-        # Slot buckets: powers of two up to B, each a multiple of the batch shards.
+        # Slot buckets: powers of two up to B, on one batch shard only. Where slots are split
+        # over data, the first b rows lie on the first shards, and a chunk on them moved every
+        # layer's cache between chips (collective-permutes and all-gathers, compiled for
+        # v5e); there a chunk always runs every slot.
         shards = 1
         if mesh is not None:
             shd.check_batch_size(self.num_slots, mesh, what="num_slots")
             shards = shd.batch_shards(mesh)
         slot_buckets = [b for b in pow2_buckets(1, self.num_slots)
-                        if b % shards == 0 and b < self.num_slots] if slot_bucketing else []
+                        if b < self.num_slots] if slot_bucketing and shards == 1 else []
         self.slot_buckets = tuple(slot_buckets) + (self.num_slots,)
         self.row_buckets = pow2_buckets(1, max(1, min(int(max_prefill_rows), self.num_slots)))
         step = -(-self.cache_len // int(num_windows))
