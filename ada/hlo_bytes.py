@@ -71,7 +71,10 @@ def hlo_op_bytes(hlo_text: str) -> list[dict]:
     and its operands and result are split by the memory space their layouts name:
     `hbm_bytes` counts only those in HBM. Loop bodies count once (as XLA's total does);
     custom calls (kernels) count their operands and results whole, as XLA cannot see in.
-    `loop`: the op is inside a while loop (runs once per trip, e.g. per decode step)."""
+    `loop`: the op is inside a while loop (runs once per trip, e.g. per decode step).
+    `costing`: how its bytes were counted: "xla" (the cost model), "move" (an async copy or
+    slice: what it moves), "kernel" (a custom call: operands and result whole) or "shapes"
+    (the cost model failed: operands and result whole; `costings` counts them)."""
     comps: dict[str, list] = {}  # computation -> its instructions
     text_of: dict[str, list] = {}  # computation -> its lines
     roots: dict[str, str] = {}  # computation -> its root's opcode
@@ -146,7 +149,7 @@ def hlo_op_bytes(hlo_text: str) -> list[dict]:
                     r"\(\(?(.*?)\)?, (\w+\[[\d,]*\]\{[^}]*\}), [us]32\[\]", rtype)):
                 src, dst = inner.group(1), inner.group(2)  # moves dst's bytes from src to dst
                 moved = _shape_bytes(dst)
-                parts = [(moved, src), (moved, dst)]
+                parts, costing = [(moved, src), (moved, dst)], "move"
             else:
                 cost = None
                 if op != "custom-call":
@@ -161,15 +164,26 @@ def hlo_op_bytes(hlo_text: str) -> list[dict]:
                     out = sum(v for k, v in cost.items() if k.startswith("bytes accessedout"))
                     parts = [(cost.get(f"bytes accessed{i}{{}}", 0.0), t)
                              for i, t in enumerate(opnd)] + [(out, rtype)]
+                    costing = "xla"
                 else:
                     parts = [(_shape_bytes(t), t) for t in opnd] + [(_shape_bytes(rtype), rtype)]
+                    costing = "kernel" if op == "custom-call" else "shapes"
             rows.append(dict(name=name, op=f"fusion({root})" if root else op,
                              shape=re.sub(r"\{[^}]*\}", "", rtype)[:80],
                              source=meta.group(1).split("/")[-1] if meta else "",
-                             loop=cname in loops,
+                             loop=cname in loops, costing=costing,
                              bytes=float(sum(b for b, _ in parts)),
                              hbm_bytes=float(sum(b for b, t in parts if ON_CHIP not in t))))
     return rows
+
+
+def costings(rows: list[dict]) -> dict[str, int]:
+    """How many ops each costing counted (hlo_op_bytes's `costing`): a plan prints it, so a
+    lost cost model (a private jaxlib API) shows as "shapes" instead of passing silently."""
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["costing"]] = out.get(r["costing"], 0) + 1
+    return out
 
 
 def group_ops(rows: list[dict]) -> list[dict]:
@@ -190,4 +204,8 @@ def explain(fig: dict, top: int) -> list[str]:
     for g in fig.get("ops", [])[:top]:
         out.append(f"  {g['count']:4d} {g['hbm_bytes'] / 1e9:7.3f} {g['bytes'] / 1e9:7.3f}  "
                    f"{g['op'][:24]:24s} {g['shape'][:42]:42s} {g['source'][:40]}")
+    if counted := fig.get("costings"):
+        out.append("  costed by: " + ", ".join(f"{k} {v} ops" for k, v in sorted(counted.items()))
+                   + ("  (shapes: XLA's cost model was not reached; bytes are operand sizes)"
+                      if counted.get("shapes") else ""))
     return out

@@ -55,7 +55,7 @@ from ada import config as cfglib
 from ada import methods, setup
 from ada import sharding as shd
 from ada.config import ConfigError
-from ada.hlo_bytes import EXPLAIN_GROUPS, group_ops, hlo_op_bytes
+from ada.hlo_bytes import EXPLAIN_GROUPS, costings, group_ops, hlo_op_bytes
 from ada.models.hf_config import CheckpointError, read_config
 from ada.models.known import KNOWN, known
 from ada.models.paged_attention import page_bytes
@@ -131,7 +131,8 @@ def compile_phase(lowered, arguments: int, ops: bool = False) -> dict:
     temp out: there, arguments + outputs + temp - aliased). A TPU compile past HBM raises:
     its error gives the peak and the compiler's HBM limit, the shardings the arguments.
     `ops`: also the optimized program's bytes op by op (`hlo_op_bytes`): `hbm_bytes`, their
-    sum outside on-chip memory, and `ops`, the heaviest op groups."""
+    sum outside on-chip memory, `costings` (ops per costing: "shapes" where XLA's cost model
+    was not reached) and `ops`, the heaviest op groups."""
     t0 = time.perf_counter()
     try:
         compiled = lowered.compile()
@@ -153,7 +154,7 @@ def compile_phase(lowered, arguments: int, ops: bool = False) -> dict:
         table = hlo_op_bytes(compiled.as_text())
         fig.update(hbm_bytes=float(sum(r["hbm_bytes"] for r in table)),
                    hbm_loop_bytes=float(sum(r["hbm_bytes"] for r in table if r["loop"])),
-                   ops=group_ops(table)[:EXPLAIN_GROUPS])
+                   costings=costings(table), ops=group_ops(table)[:EXPLAIN_GROUPS])
     return dict(fig, compile_s=round(time.perf_counter() - t0, 1))
 
 

@@ -211,6 +211,10 @@ ENTRY %main (p: f32[256,128], q: f32[256,128]) -> f32[256,128] {
     assert (rows["copy-start"]["bytes"], rows["copy-start"]["hbm_bytes"]) == (2 * n, n)
     assert (rows["add_fusion"]["bytes"], rows["add_fusion"]["hbm_bytes"]) == (3 * n, 2 * n)
     assert rows["add_fusion"]["op"] == "fusion(add)" and rows["add_fusion"]["source"] == "add"
+    # the fusion was costed by XLA's cost model (a private jaxlib API): if that path is lost,
+    # every op falls back to its shapes, and this says so instead of passing
+    assert (rows["add_fusion"]["costing"], rows["copy-start"]["costing"]) == ("xla", "move")
+    assert hlo_bytes.costings(list(rows.values())) == {"xla": 1, "move": 1}
     (group,) = [g for g in hlo_bytes.group_ops(list(rows.values())) if g["op"] == "fusion(add)"]
     assert group["count"] == 1 and group["hbm_bytes"] == 2 * n
     assert not any(r["loop"] for r in rows.values())
