@@ -337,6 +337,7 @@ def plan_paged(config, engine, line: tuple[float, float], hbm: float, mesh: tupl
         samples_per_prompt=(config.adaptive.samples_per_round if methods.get(
             config.method).adaptive_rounds else config.adaptive.n),
         kv_head_shards=tensor, slot_shards=data, chunk_size=engine.chunk_size,
+        pool_shards=1,  # the paged engine's pool is whole on every data shard (docs/paged.md)
         per_slot_bytes=max(per_slot * data - kv_token * engine.cache_len, 0.0))
     return dict(fit, page_size=config.sampling.page_size, mean_response_len=mean,
                 mean_from="sampling.mean_response_len" if config.sampling.mean_response_len

@@ -8,6 +8,7 @@ v5e through libtpu; the planner's slots at mean fill."""
 from __future__ import annotations
 
 import collections
+import functools
 import os
 
 import jax
@@ -588,21 +589,25 @@ def test_make_engine_builds_the_kernel_on_tpu_and_it_compiles_for_v5e():
 
 
 def test_slots_that_fit_at_mean_fill():
-    """The KV budget per chip that the README's 'most that fit' slot counts give the
-    1.5B (v5e:2x2, sampling.mesh (2, 2)) and 7B (v5e:4x4, (1, 4)) presets, spent on pages
-    at a planned mean fill instead of every slot reserving 1,024 + 2,048 positions: at
-    least 2x the slots per host (docs/paged.md has the numbers and assumptions)."""
-    for name, most, (data, tensor) in (("qwen2.5-math-1.5b", 312, (2, 2)),
-                                       ("qwen2.5-math-7b", 116, (1, 4))):
+    """The KV budget per chip that the README's 'most that fit' dense slot counts give the
+    1.5B (v5e:2x2, sampling.mesh (2, 2)) and 7B (v5e:4x4, (1, 4)) presets, spent on pages at
+    a planned mean fill instead of every slot reserving 1,024 + 2,048 positions: at least 2x
+    the slots per host once pages live with their slots (pool_shards = data); while every
+    data shard holds the whole pool (the engine today) the 1.5B's data 2 halves that."""
+    for name, most, (data, tensor) in (("qwen2.5-math-1.5b", 488, (2, 2)),
+                                       ("qwen2.5-math-7b", 169, (1, 4))):
         c = known(name)
         token_bytes = page_bytes(c, 1, kv_head_shards=tensor)
         assert token_bytes == 28 * 2 * 128 * 2  # one KV head per chip, bf16, 28 layers
         budget = most // data * (3072 * token_bytes + 3 * 4 * c.vocab_size / tensor)
-        fit = slots_that_fit(c, budget, 32, mean_response_len=1024, prompt_len=256,
-                             max_response_len=2048, max_prompt_len=1024, samples_per_prompt=8,
-                             kv_head_shards=tensor, slot_shards=data)
-        assert fit["worst_case_slots"] == most
-        assert fit["mean_fill_slots"] >= 2 * most, fit
+        fit = functools.partial(
+            slots_that_fit, c, budget, 32, mean_response_len=1024, prompt_len=256,
+            max_response_len=2048, max_prompt_len=1024, samples_per_prompt=8,
+            kv_head_shards=tensor, slot_shards=data)
+        sharded, replicated = fit(pool_shards=data), fit()
+        assert sharded["worst_case_slots"] == replicated["worst_case_slots"] == most
+        assert sharded["mean_fill_slots"] >= 2 * most, sharded
+        assert replicated["mean_fill_slots"] * data == sharded["mean_fill_slots"]
 
 
 def test_kernel_path_compiles_gemma_options_for_v5e():

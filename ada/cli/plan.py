@@ -163,7 +163,10 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                    f"{pg['mean_fill_slots']} slots per host fit at a mean response of "
                    f"{pg['mean_response_len']:g} tokens ({pg['mean_from']}), "
                    f"{pg['ratio']:.1f}x the {pg['worst_case_slots']} of the worst case "
-                   "(every slot reserving the whole window)")
+                   "(every slot reserving the whole window)"
+                   + (f"; every data shard holds the whole pool (docs/paged.md), so data="
+                      f"{p['sampling_mesh']['data']} does not multiply the paged slots"
+                      if p["sampling_mesh"]["data"] > 1 else ""))
     if e := p.get("estimate"):
         f = lambda key, spec, scale=1: "-" if e[key] is None else format(e[key] * scale, spec)
         out += ["ESTIMATE (roofline bound from the compiler's costs, not measured; '-': no fit):",

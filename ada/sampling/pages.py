@@ -259,11 +259,13 @@ def full_reservation_pages(num_slots: int, pages_per_slot: int, max_prompt_len: 
 def slots_that_fit(model_cfg, hbm_bytes_for_kv: float, page_size: int, mean_response_len: float,
                    prompt_len: float, *, max_response_len: int, max_prompt_len: int | None = None,
                    samples_per_prompt: int = 1, kv_head_shards: int = 1, slot_shards: int = 1,
-                   chunk_size: int = 8, headroom: float = 0.1,
+                   pool_shards: int = 1, chunk_size: int = 8, headroom: float = 0.1,
                    per_slot_bytes: float | None = None, dtype=None) -> dict:
     """Slots that fit `hbm_bytes_for_kv` bytes per chip, dense worst case vs paged at a
-    planned mean fill. Per chip: KV heads split `kv_head_shards` ways (tensor), slots
-    `slot_shards` ways (data); slot counts are per mesh (x slot_shards).
+    planned mean fill. Per chip: KV heads split `kv_head_shards` ways (tensor), the dense
+    cache's slots `slot_shards` ways (data), the page pool `pool_shards` ways: 1 while every
+    data shard holds the whole pool (the paged engine today, docs/paged.md), slot_shards once
+    pages live with their slots. Slot counts are per mesh.
 
     worst case: every slot reserves max_prompt_len + max_response_len positions (the dense
       cache; or paging with full reservation).
@@ -283,7 +285,8 @@ def slots_that_fit(model_cfg, hbm_bytes_for_kv: float, page_size: int, mean_resp
     own = math.ceil((prompt_len % page_size + mean_response_len + chunk_size) / page_size)
     per_slot = (shared + own) * pbytes + per_slot_bytes
     mean = int(hbm_bytes_for_kv * (1 - headroom) // per_slot)
-    return dict(worst_case_slots=worst * slot_shards, mean_fill_slots=mean * slot_shards,
-                ratio=mean / max(worst, 1), worst_case_tokens_per_slot=worst_tokens,
+    return dict(worst_case_slots=worst * slot_shards, mean_fill_slots=mean * pool_shards,
+                ratio=mean * pool_shards / max(worst * slot_shards, 1),
+                worst_case_tokens_per_slot=worst_tokens,
                 mean_fill_tokens_per_slot=(shared + own) * page_size, page_bytes=pbytes,
                 num_pages=int(hbm_bytes_for_kv // pbytes), token_bytes=token_bytes)
