@@ -75,7 +75,7 @@ from ada.models.transformer import (
     positions_from_mask,
     project_logits,
 )
-from ada.sampling.samplers import SamplingConfig, sample
+from ada.sampling.samplers import SamplingConfig, sample_and_stop
 from ada.sampling.slots import (
     DecodeState,
     Prefix,
@@ -184,13 +184,8 @@ def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
     """Sample one token per slot from its logits, then run the model on it (attending to
     cache positions [0, window) only). vocab_shards: the logits' vocabulary shards
     (samplers.inverse_cdf); read_then_write: ada.models.forward's."""
-    keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
-    tokens_B, logprobs_B = sample(state.logits, keys, sampling, vocab_shards=vocab_shards)
-    valid_B = state.active
-    generated = state.generated + valid_B.astype(jnp.int32)
-    is_eos = (jnp.isin(tokens_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids
-              else jnp.zeros_like(valid_B))
-    active = valid_B & ~is_eos & (generated < state.max_new)
+    tokens_B, logprobs_B, valid_B, generated, active = sample_and_stop(
+        state, sampling, eos_ids, vocab_shards)
     logits, cache = forward(
         params, config, tokens_B[:, None], state.positions[:, None], valid_B[:, None],
         state.cache, attend_len=window, read_then_write=read_then_write,

@@ -40,7 +40,7 @@ from ada.models.paged_attention import (
     ragged_decode,
     tuned_blocks,
 )
-from ada.models.transformer import ModelConfig, in_decode_form, project_logits
+from ada.models.transformer import ModelConfig, project_logits
 from ada.sampling.engine import (
     Chunk,
     Engine,
@@ -51,7 +51,7 @@ from ada.sampling.engine import (
 )
 from ada.sampling.paged_host import PagedSlots
 from ada.sampling.pages import full_reservation_pages, min_pool_pages
-from ada.sampling.samplers import SamplingConfig, sample
+from ada.sampling.samplers import SamplingConfig, sample_and_stop
 from ada.sampling.slots import request_key
 
 
@@ -105,13 +105,8 @@ def decode_step(params, state: PagedState, page_table_BxW, *, config: ModelConfi
                 sampling: SamplingConfig, eos_ids: tuple[int, ...], attention: str = "gather",
                 blocks=None, vocab_shards: int = 1, kernel=ragged_decode):
     """engine.decode_step over pages: sample each active slot's token, run the model on it."""
-    keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
-    tokens_B, logprobs_B = sample(state.logits, keys, sampling, vocab_shards=vocab_shards)
-    valid_B = state.active
-    generated = state.generated + valid_B.astype(jnp.int32)
-    is_eos = (jnp.isin(tokens_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids
-              else jnp.zeros_like(valid_B))
-    active = valid_B & ~is_eos & (generated < state.max_new)
+    tokens_B, logprobs_B, valid_B, generated, active = sample_and_stop(
+        state, sampling, eos_ids, vocab_shards)
     kv = PagedKV(pages=state.pages, page_table=page_table_BxW, lengths=state.lengths)
     logits, kv = paged_forward(params, config, tokens_B[:, None], kv, valid_B.astype(jnp.int32),
                                attention=attention, blocks=blocks, kernel=kernel)
@@ -242,6 +237,7 @@ class PagedEngine:
         self._sampling_fn = functools.partial(sampling_params, config=config,
                                               unembed_copy=self.choices.unembed_copy)
         self._sampling_params = jax.jit(self._sampling_fn)
+        self._handoffs: dict = {}  # replica mesh -> jitted sampling_params (prepare_params)
 
     def driver_backend(self, driver):
         """The Driver's host side over this engine: admission, prefix pages, growth and
@@ -267,15 +263,10 @@ class PagedEngine:
     def _constrain(self, state: PagedState) -> PagedState:
         return jax.lax.with_sharding_constraint(state, self.state_shardings())
 
-    def prepare_params(self, params):
-        """Engine.prepare_params's sampling form (the same weights the dense engine reads),
-        placed on the mesh by ada.sharding's tables."""
-        if in_decode_form(params, self.config, self.choices.unembed_copy):
-            return params
-        out = self._sampling_params(params)
-        if self.mesh is None:
-            return out
-        return jax.device_put(out, shd.param_shardings(out, self.mesh))
+    # The weight hand-off is the dense engine's (the same sampling form and layout, the
+    # replica hand-off from the train mesh included).
+    param_shardings = Engine.param_shardings
+    prepare_params = Engine.prepare_params
 
     def abstract_state(self) -> PagedState:
         """The state as ShapeDtypeStructs (with the mesh's shardings): for lowering."""

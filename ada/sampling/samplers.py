@@ -133,3 +133,20 @@ def inverse_cdf(w_BxV: jax.Array, u01_B: jax.Array, block: int = 128,
     hit = jnp.take_along_axis(in_block, i_B[:, None], axis=-1)[:, 0] > 0
     i_B = jnp.where(hit, i_B, jnp.argmax(in_block, axis=-1))
     return ((j_B // nb_s) * per + (j_B % nb_s) * block + i_B).astype(jnp.int32)
+
+
+def sample_and_stop(state, sampling: SamplingConfig, eos_ids: tuple[int, ...],
+                    vocab_shards: int = 1):
+    """One decode step's sampling and stop rules, the same for every KV cache: each slot's
+    token drawn from its logits with its request's key folded with the tokens it has
+    generated (so a token does not depend on the slot or the batch), then whether the slot
+    stays active (it drew, the token is no EOS, it is under its max_new). `state` has
+    `logits`, `keys`, `generated`, `max_new` and `active`. Returns (tokens, logprobs, valid:
+    the slots that drew, generated, active)."""
+    keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
+    tokens_B, logprobs_B = sample(state.logits, keys, sampling, vocab_shards=vocab_shards)
+    valid_B = state.active
+    generated = state.generated + valid_B.astype(jnp.int32)
+    is_eos = (jnp.isin(tokens_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids
+              else jnp.zeros_like(valid_B))
+    return tokens_B, logprobs_B, valid_B, generated, valid_B & ~is_eos & (generated < state.max_new)
