@@ -19,6 +19,20 @@ Within one bucket equality is exact (tests/test_engine.py).
 
 Targets (printed, not asserted): ratio >= 1.5 at batch 32 on the small preset, occupancy
 >= 0.9, compiles <= buckets.
+
+On an accelerator, one command measures what the sampler does at a preset's shapes:
+
+  python benchmarks/decode.py --device qwen2.5-math-1.5b [--json out.json]
+
+Random bfloat16 weights of the known model's shapes (no checkpoint needed), the dense cache
+and the paged one, each at the slots that fit the device's memory (the dense worst case:
+every slot reserving prompt + new tokens; paged: at a mean response of half the new tokens),
+one request per slot plus as many queued, response lengths uniform in [1, new] (no EOS, the
+same requests for both). Printed per cache: measured decode tokens/s (after a compiling
+warm-up; prefill and the host driver included) beside the HBM roofline of that device at
+that batch: the weights, each slot's keys and values at the mean fill and the logits read
+once per step, at the vendor's published bandwidth (HBM_BANDWIDTH). `--hbm-gib` stands in
+for a device without memory stats (the CPU: a smoke run with `--device tiny`).
 """
 
 from __future__ import annotations
@@ -131,6 +145,78 @@ def cross_bucket_agreement(engine, params, reqs, crowd_out):
     return same / len(reqs)
 
 
+# Published peak HBM bandwidth per chip (bytes/s) by the start of jax's device_kind (the
+# longest match wins: "TPU v5 lite" is v5e, "TPU v5" v5p): vendor figures, the roofline's
+# ceiling, not measured here.
+HBM_BANDWIDTH = {"NVIDIA H100 PCIe": 2.0e12, "NVIDIA H100": 3.35e12, "NVIDIA H200": 4.8e12,
+                 "TPU v5 lite": 8.19e11, "TPU v5": 2.765e12, "TPU v6 lite": 1.64e12,
+                 "TPU v4": 1.2e12}
+
+
+def hbm_bandwidth(device_kind: str) -> float | None:
+    names = sorted((k for k in HBM_BANDWIDTH if device_kind.startswith(k)), key=len)
+    return HBM_BANDWIDTH[names[-1]] if names else None
+
+
+def on_device(model: str, prompt: int, new: int, chunk: int, page_size: int,
+              hbm_gib: float | None, max_slots: int) -> dict:
+    """--device: dense and paged decode at the slots that fit this device (module docstring)."""
+    from ada.models.known import known
+    from ada.models.paged_attention import page_bytes
+    from ada.sampling.paged import PagedEngine
+    from ada.sampling.pages import slots_that_fit
+
+    device = jax.devices()[0]
+    c = (preset("tiny") if model == "tiny" else known(model)).replace(
+        dtype="bfloat16", param_dtype="bfloat16")
+    params = init_params(c, jax.random.PRNGKey(0), std=0.02)
+    weights = sum(x.nbytes for x in jax.tree.leaves(params))
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit") or (hbm_gib or 0) * 2**30
+    if not limit:
+        raise SystemExit(f"error: {device.device_kind} reports no memory limit; pass --hbm-gib")
+    # the params and their sampling copy, 10% of the device for the compiler's temporaries
+    budget = 0.9 * limit - 2 * weights
+    token = page_bytes(c, 1)  # every layer's key and value of one token, bf16
+    mean_new = new / 2
+    fit = slots_that_fit(c, budget, page_size, mean_new, prompt, max_response_len=new,
+                         max_prompt_len=prompt, chunk_size=chunk)
+    if fit["worst_case_slots"] < 1:
+        raise SystemExit(f"error: {model} leaves no room for one slot in "
+                         f"{limit / 2**30:.1f} GiB; pass a smaller --new or a larger --hbm-gib")
+    bw = hbm_bandwidth(device.device_kind)
+    rng = np.random.default_rng(0)
+    out = dict(model=model, device=device.device_kind, memory_bytes=int(limit),
+               weights_bytes=int(weights), hbm_bandwidth=bw, prompt=prompt, new=new,
+               runs={})
+    for kind, slots in (("dense", fit["worst_case_slots"]), ("paged", fit["mean_fill_slots"])):
+        B = max(1, min(slots, max_slots))
+        common = dict(num_slots=B, max_prompt_len=prompt, max_new_tokens=new, chunk_size=chunk,
+                      sampling=SamplingConfig(temperature=1.0), max_prefill_rows=8)
+        engine = (Engine(c, **common) if kind == "dense" else
+                  PagedEngine(c, page_size=page_size, num_pages=max(
+                      int(budget // (token * page_size)), 0) or 0, **common))
+        lengths = rng.integers(1, new + 1, 2 * B)
+        reqs = [Request(rng.integers(1, c.vocab_size, prompt).tolist(), i, 0, int(n))
+                for i, n in enumerate(lengths)]
+        Driver(engine, params, step_key=0).generate_all(reqs[:B])  # compiles
+        t = time.perf_counter()
+        done = Driver(engine, params, step_key=1).generate_all(reqs)
+        dt = time.perf_counter() - t
+        generated = sum(d.length for d in done)
+        # one step's HBM floor at this batch: weights, every slot's KV at the mean fill, logits
+        step_bytes = weights + B * (prompt + mean_new) * token + B * c.vocab_size * 4
+        bound = bw and B * bw / step_bytes
+        out["runs"][kind] = dict(slots=B, slots_that_fit=int(slots), tokens=int(generated),
+                                 seconds=dt, tokens_per_s=generated / dt,
+                                 roofline_tokens_per_s=bound,
+                                 share_of_roofline=bound and generated / dt / bound)
+        print(f"{kind:6s} {B:6d} slots  {generated / dt:12,.0f} tok/s measured   "
+              + (f"{bound:12,.0f} roofline ({generated / dt / bound:.0%})" if bw else
+                 f"roofline: no published bandwidth for {device.device_kind!r}"), flush=True)
+    return out
+
+
 def main(argv=None):
     from ada.distributed import cpu_only_without_accelerators
 
@@ -143,7 +229,23 @@ def main(argv=None):
     ap.add_argument("--skip-hf", action="store_true", help="ada only (no transformers run)")
     ap.add_argument("--repeats", type=int, default=5,
                     help="interleaved timed rounds per contender (the median is reported)")
+    ap.add_argument("--device", metavar="MODEL", default=None,
+                    help="accelerator mode: dense and paged decode of this known model's "
+                    "shapes at the slots that fit (module docstring)")
+    ap.add_argument("--prompt", type=int, default=1024, help="--device: prompt tokens")
+    ap.add_argument("--new", type=int, default=2048, help="--device: most new tokens")
+    ap.add_argument("--page-size", type=int, default=16, help="--device: paged cache's page")
+    ap.add_argument("--hbm-gib", type=float, default=None,
+                    help="--device: memory to plan for where the device reports none")
+    ap.add_argument("--max-slots", type=int, default=1024, help="--device: cap on slots")
     args = ap.parse_args(argv)
+    if args.device:
+        out = on_device(args.device, args.prompt, args.new, args.chunk, args.page_size,
+                        args.hbm_gib, args.max_slots)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return out
     presets = [p for p in args.presets.split(",") if p]
     batches = [int(b) for b in args.batches.split(",") if b]
 
