@@ -48,14 +48,14 @@ def run_paged(engine, params, requests, step_key=0):
     drv = Driver(engine, params, step_key=step_key)
     seqs = [drv.submit(r) for r in requests]
     out, steps = {}, 0
-    while drv._queue or drv._slots:
+    while drv.busy():
         steps += 1
         assert steps < 300, "no progress"
         out.update((c.seq, c) for c in drv.step())
         a = drv.backend.alloc
         a.check()
         if steps == 1 and engine.full_reservation:  # requests 0 and 2 share prompt 0
-            s0, s2 = (next(s for s, x in drv._slots.items() if x.seq == q) for q in (0, 2))
+            s0, s2 = (next(s for s, x in drv.running.items() if x.seq == q) for q in (0, 2))
             assert a.table[s0, 1] == a.table[s2, 1] and a.refcount[a.table[s0, 1]] == 3
             assert a.table[s0, 2] != a.table[s2, 2]  # the partial page: one copy each
     return [out[q] for q in seqs], drv.stats()

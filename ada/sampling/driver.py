@@ -27,7 +27,9 @@ A paged.PagedEngine (sampling.kv_cache=paged) gives paged_host.PagedSlots: admis
 pages (a request that does not fit waits at the head of the queue), prompts' pages shared
 by their samples, pages grown before each chunk, the youngest requests preempted and
 requeued when they cannot grow (docs/paged.md). Either way a request's tokens depend only
-on the request and the step key, not on its slot, its neighbours or a restart.
+on the request and the step key, not on its slot, its neighbours or a restart. A backend
+sees the Driver through a few calls only (`head`, `admit`, `start`, `requeue`, `move`, and
+the read-only `running` and `queued`), never its attributes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import collections
 import dataclasses
 import heapq
 import itertools
+import types
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import jax
@@ -203,11 +207,56 @@ class Driver:
             **self.backend.stats(),
         }
 
-    # -- internals ---------------------------------------------------------------
+    def busy(self) -> bool:
+        """Requests queued or running."""
+        return bool(self._queue or self._slots)
 
-    def _start(self, slot: int, seq: int, request: Request, filled: int) -> None:
-        """Record a request entering `slot` (its cache holds `filled` positions)."""
+    # -- what a backend reads and changes (DenseSlots, paged_host.PagedSlots) ------
+    # A backend reads the queue and the running requests; these calls are the only ways
+    # it changes them (it never touches the Driver's attributes).
+
+    @property
+    def running(self) -> types.MappingProxyType:
+        """slot -> its request, tokens and log-probs so far (read-only)."""
+        return types.MappingProxyType(self._slots)
+
+    def queued(self) -> Iterator[Request]:
+        """The queued requests, head first."""
+        return (r for _, r in self._queue)
+
+    def head(self) -> tuple[int, Request] | None:
+        """(seq, request) at the queue's head when a slot is free for it, else None."""
+        return self._queue[0] if self._queue and self._free else None
+
+    def admit(self) -> tuple[int, int, Request]:
+        """Take the queue's head into the lowest free slot: (slot, seq, request). The
+        backend then puts it on the device and calls `start`."""
+        seq, request = self._queue.popleft()
+        return heapq.heappop(self._free), seq, request
+
+    def start(self, slot: int, seq: int, request: Request, filled: int) -> None:
+        """Record an admitted request running in `slot` (its cache holds `filled`
+        positions)."""
         self._slots[slot] = _Slot(request=request, seq=seq, prompt_bucket=filled)
+
+    def requeue(self, slot: int) -> None:
+        """A preempted request: its slot is free, the request back at the queue's front
+        (restarted from scratch: its tokens depend only on the request and their index)."""
+        s = self._slots.pop(slot)
+        heapq.heappush(self._free, slot)
+        self._queue.appendleft((s.seq, s.request))
+
+    def lowest_free_slot(self) -> int | None:
+        return self._free[0] if self._free else None
+
+    def move(self, src: int, dst: int) -> None:
+        """The request running in `src` now runs in the free slot `dst` (compaction)."""
+        self._free.remove(dst)
+        heapq.heapify(self._free)
+        self._slots[dst] = self._slots.pop(src)
+        heapq.heappush(self._free, src)
+
+    # -- internals ---------------------------------------------------------------
 
     def _run_chunk(self) -> list[Completion]:
         out = self.backend.run_chunk()
@@ -277,15 +326,15 @@ class DenseSlots:
 
     def fill(self) -> None:
         d = self.d
-        take = []
-        while d._queue and len(take) < len(d._free):
-            take.append(d._queue.popleft())
+        take = []  # (slot, seq, request)
+        while d.head() is not None:
+            take.append(d.admit())
         if not take:
             return
         # One prefill per distinct new prompt, batched by prompt-length bucket.
         found: dict[tuple, tuple[Prefix, int]] = {}
         missing: dict[tuple, None] = {}
-        for _, r in take:
+        for _, _, r in take:
             key = (r.prompt_id, tuple(r.prompt_tokens))
             hit = self._prefix_for(r)
             if hit is None:
@@ -307,12 +356,11 @@ class DenseSlots:
                     found[key] = (prefix, row)
         # One insert call per prefix (prefill call) for all its requests.
         by_prefix: dict[int, tuple[Prefix, list]] = {}
-        for seq, r in take:
+        for slot, seq, r in take:
             prefix, row = found[(r.prompt_id, tuple(r.prompt_tokens))]
-            slot = heapq.heappop(d._free)
             by_prefix.setdefault(id(prefix), (prefix, []))[1].append(
                 (slot, row, r.prompt_id, r.sample_idx, d.max_new(r)))
-            d._start(slot, seq, r, prefix.cache.max_len)
+            d.start(slot, seq, r, prefix.cache.max_len)
         for prefix, entries in by_prefix.values():
             slots, rows, pids, sidxs, mnts = zip(*entries, strict=True)
             self.state = self.engine.insert_many(prefix, self.state, slots, rows,
@@ -321,8 +369,8 @@ class DenseSlots:
     def run_chunk(self):
         """One chunk over the first b slots: host (tokens, logprobs, valid, active)."""
         d = self.d
-        b = bucket_for(max(d._slots) + 1, self.engine.slot_buckets)
-        filled = max(s.prompt_bucket + len(s.tokens) for s in d._slots.values())
+        b = bucket_for(max(d.running) + 1, self.engine.slot_buckets)
+        filled = max(s.prompt_bucket + len(s.tokens) for s in d.running.values())
         self.state, chunk = self.engine.generate(d.params, self.state, num_slots=b,
                                                  filled=filled)
         d.attended_positions += chunk.window
@@ -335,12 +383,10 @@ class DenseSlots:
         """Move the highest busy slots into the lowest free ones when that lets the next
         chunk run on a smaller slot bucket."""
         d = self.d
-        if not d._slots:
+        if not d.running:
             return
-        need = bucket_for(len(d._slots), self.engine.slot_buckets)
-        while max(d._slots) >= need and d._free and d._free[0] < need:
-            src = max(d._slots)
-            dst = heapq.heappop(d._free)
+        need = bucket_for(len(d.running), self.engine.slot_buckets)
+        while max(d.running) >= need and (dst := d.lowest_free_slot()) is not None and dst < need:
+            src = max(d.running)
             self.state = self.engine.move(self.state, src, dst)
-            d._slots[dst] = d._slots.pop(src)
-            heapq.heappush(d._free, src)
+            d.move(src, dst)

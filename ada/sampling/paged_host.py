@@ -28,7 +28,6 @@ Admission reserves a request's worst case when the engine's pool is sized for it
 from __future__ import annotations
 
 import collections
-import heapq
 
 import jax
 
@@ -75,7 +74,7 @@ class PagedSlots:
         return False
 
     def _queued_keys(self) -> set:
-        return {(r.prompt_id, tuple(r.prompt_tokens)) for _, r in self.d._queue}
+        return {(r.prompt_id, tuple(r.prompt_tokens)) for r in self.d.queued()}
 
     # -- the Driver's backend ----------------------------------------------------
 
@@ -83,23 +82,22 @@ class PagedSlots:
         d, e, a = self.d, self.engine, self.alloc
         starts, new, pinned = [], {}, set()  # new: key -> PromptPages to prefill
         needed = None
-        while d._queue and d._free:
-            seq, r = d._queue[0]
+        while (head := d.head()) is not None:
+            seq, r = head
             key = (r.prompt_id, tuple(r.prompt_tokens))
             n, mnt = len(r.prompt_tokens), d.max_new(r)
             cached = key in self._prompts or key in new
             if not a.can_admit(n, mnt, prefilled=cached, lookahead=e.lookahead):
                 needed = self._queued_keys() if needed is None else needed
-                idle = (not d._slots and not starts) or e.full_reservation
+                idle = (not d.running and not starts) or e.full_reservation
                 if self._evict(pinned | {key}, needed, others=idle):
                     continue
                 self.deferrals += 1
                 break
-            d._queue.popleft()
+            slot, seq, r = d.admit()
             if not cached:
                 new[key] = a.alloc_prompt(n)
             pp = new[key] if key in new else self._prompts[key][0]
-            slot = heapq.heappop(d._free)
             ahead = mnt if e.lookahead is None else min(e.lookahead, mnt)
             starts.append((slot, seq, r, key, mnt, a.attach(slot, pp, ahead)))
             pinned.add(key)
@@ -128,7 +126,7 @@ class PagedSlots:
             g = groups.setdefault(id(logits), (logits, [], []))
             g[1].extend(copies)
             g[2].append((slot, row, len(r.prompt_tokens), r.prompt_id, r.sample_idx, mnt))
-            d._start(slot, seq, r, len(r.prompt_tokens))
+            d.start(slot, seq, r, len(r.prompt_tokens))
         for logits, copies, entries in groups.values():
             slots, rows, lengths, pids, sidxs, mnts = zip(*entries, strict=True)
             self.state = e.attach(self.state, logits, copies, slots, rows, lengths, d.step_key,
@@ -143,7 +141,7 @@ class PagedSlots:
         K = e.chunk_size
         demands = {slot: min(s.prompt_bucket + len(s.tokens) + K,
                              s.prompt_bucket + d.max_new(s.request))
-                   for slot, s in d._slots.items()}
+                   for slot, s in d.running.items()}
         short = sum(max(0, a.pages_for(t) - int(a.num_held[s])) for s, t in demands.items())
         needed, others = None, False
         while short > a.free_pages():  # cached prompts go before a running request does,
@@ -156,14 +154,12 @@ class PagedSlots:
         if victims:
             self.state = e.stop(self.state, victims)
             for slot in victims:  # youngest first: the oldest ends at the queue's front
-                s = d._slots.pop(slot)
                 del self._order[slot]
-                heapq.heappush(d._free, slot)
-                d._queue.appendleft((s.seq, s.request))
+                d.requeue(slot)
             self.preemptions += len(victims)
-        if not d._slots:
+        if not d.running:
             return None
-        filled = max(s.prompt_bucket + len(s.tokens) for s in d._slots.values())
+        filled = max(s.prompt_bucket + len(s.tokens) for s in d.running.values())
         self.state, chunk = e.generate(d.params, self.state, a.table, filled)
         d.attended_positions += chunk.window
         out = jax.device_get((chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
