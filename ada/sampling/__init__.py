@@ -1,6 +1,7 @@
 """Sampling engine: jitted prefill / insert / generate over decode slots, samplers, and a
-host-side continuous-batching driver. The JetStream adapter (optional extra) lives in
-ada.sampling.jetstream_adapter and is imported only on demand."""
+host-side continuous-batching driver. contract.py says what a KV cache implements for the
+driver; engine.py (dense) and paged.py (paged) are the two. The JetStream adapter (optional
+extra) lives in ada.sampling.jetstream_adapter and is imported only on demand."""
 
 from ada.sampling.driver import Completion, Driver, Request
 from ada.sampling.engine import Chunk, Engine

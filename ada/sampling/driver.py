@@ -21,8 +21,9 @@ Completion with finish_reason "error" and a message; everything else keeps runni
 finish_reason: "eos" (an EOS id was sampled; it is the last of token_ids, not in text),
 "length" (max_new_tokens reached), "error".
 
-Steps 1, 2 and 4 touch the device state, which belongs to the driver's backend: `DenseSlots`
-(below: the steps as written) for the dense Engine, or the engine's own `driver_backend`.
+Steps 1, 2 and 4 touch the device state, which belongs to the driver's backend, the
+engine's `driver_backend` (the contract: ada/sampling/contract.py): `dense_host.DenseSlots` (the
+steps as written) for the dense Engine.
 A paged.PagedEngine (sampling.kv_cache=paged) gives paged_host.PagedSlots: admission by free
 pages (a request that does not fit waits at the head of the queue), prompts' pages shared
 by their samples, pages grown before each chunk, the youngest requests preempted and
@@ -45,8 +46,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from ada.sampling.engine import Engine, bucket_for
-from ada.sampling.slots import Prefix
+from ada.sampling.contract import DecodeEngine, SlotBackend
 
 
 class Detokenizer(Protocol):
@@ -101,12 +101,13 @@ class Driver:
       prefix_cache_size: prompts whose prefill is kept for reuse.
 
     The queue, the slots' requests and tokens, completions and counters are the driver's;
-    the device state and how requests enter and leave it are its backend's: `DenseSlots`
-    (below) for the Engine, the engine's `driver_backend` otherwise (paged_host.PagedSlots:
-    page admission, shared prompt pages, growth and preemption).
+    the device state and how requests enter and leave it are its backend's
+    (`engine.driver_backend`, contract.SlotBackend): `dense_host.DenseSlots` for the Engine,
+    paged_host.PagedSlots for the PagedEngine (page admission, shared prompt pages, growth
+    and preemption).
     """
 
-    def __init__(self, engine: Engine, params, *, tokenizer: Detokenizer | None = None,
+    def __init__(self, engine: DecodeEngine, params, *, tokenizer: Detokenizer | None = None,
                  step_key: Any = 0, prefix_cache_size: int = 64):
         self.engine = engine
         self.params = engine.prepare_params(params)
@@ -125,8 +126,7 @@ class Driver:
         self.attended_positions = 0  # sum over chunks of the attention window
         self.prefills = 0
         self.prefilled_prompts = 0
-        make = getattr(engine, "driver_backend", None)
-        self.backend = make(self) if make is not None else DenseSlots(self)
+        self.backend: SlotBackend = engine.driver_backend(self)
 
     @property
     def state(self):
@@ -294,99 +294,3 @@ class Driver:
                           token_ids=ids, text=text, logprobs=s.logprobs,
                           finish_reason=reason, prompt_tokens=list(s.request.prompt_tokens),
                           seq=s.seq)
-
-
-class DenseSlots:
-    """The Driver's device side over the dense Engine: a prefix LRU of prefilled prompts,
-    refills by insert_many, chunks on the smallest slot bucket, tail compaction."""
-
-    def __init__(self, driver: Driver):
-        self.d, self.engine = driver, driver.engine
-        self.state = self.engine.init_decode_state()
-        self._prefixes: collections.OrderedDict = collections.OrderedDict()
-
-    def stats(self) -> dict:
-        return {}
-
-    def release(self, slot: int) -> None:
-        pass
-
-    def _prefix_for(self, request: Request):
-        key = (request.prompt_id, tuple(request.prompt_tokens))
-        hit = self._prefixes.get(key)
-        if hit is not None:
-            self._prefixes.move_to_end(key)
-        return hit
-
-    def _remember(self, key, prefix: Prefix, row: int) -> None:
-        self._prefixes[key] = (prefix, row)
-        self._prefixes.move_to_end(key)
-        while len(self._prefixes) > self.d.prefix_cache_size:
-            self._prefixes.popitem(last=False)
-
-    def fill(self) -> None:
-        d = self.d
-        take = []  # (slot, seq, request)
-        while d.head() is not None:
-            take.append(d.admit())
-        if not take:
-            return
-        # One prefill per distinct new prompt, batched by prompt-length bucket.
-        found: dict[tuple, tuple[Prefix, int]] = {}
-        missing: dict[tuple, None] = {}
-        for _, _, r in take:
-            key = (r.prompt_id, tuple(r.prompt_tokens))
-            hit = self._prefix_for(r)
-            if hit is None:
-                missing[key] = None
-            else:
-                found[key] = hit
-        by_bucket: dict[int, list[tuple]] = collections.defaultdict(list)
-        for key in missing:
-            by_bucket[bucket_for(len(key[1]), self.engine.prompt_buckets)].append(key)
-        rows = self.engine.row_buckets[-1]
-        for keys in by_bucket.values():
-            for i in range(0, len(keys), rows):
-                part = keys[i:i + rows]
-                prefix = self.engine.prefill(d.params, [list(k[1]) for k in part])
-                d.prefills += 1
-                d.prefilled_prompts += len(part)
-                for row, key in enumerate(part):
-                    self._remember(key, prefix, row)
-                    found[key] = (prefix, row)
-        # One insert call per prefix (prefill call) for all its requests.
-        by_prefix: dict[int, tuple[Prefix, list]] = {}
-        for slot, seq, r in take:
-            prefix, row = found[(r.prompt_id, tuple(r.prompt_tokens))]
-            by_prefix.setdefault(id(prefix), (prefix, []))[1].append(
-                (slot, row, r.prompt_id, r.sample_idx, d.max_new(r)))
-            d.start(slot, seq, r, prefix.cache.max_len)
-        for prefix, entries in by_prefix.values():
-            slots, rows, pids, sidxs, mnts = zip(*entries, strict=True)
-            self.state = self.engine.insert_many(prefix, self.state, slots, rows,
-                                                 d.step_key, pids, sidxs, mnts)
-
-    def run_chunk(self):
-        """One chunk over the first b slots: host (tokens, logprobs, valid, active)."""
-        d = self.d
-        b = bucket_for(max(d.running) + 1, self.engine.slot_buckets)
-        filled = max(s.prompt_bucket + len(s.tokens) for s in d.running.values())
-        self.state, chunk = self.engine.generate(d.params, self.state, num_slots=b,
-                                                 filled=filled)
-        d.attended_positions += chunk.window
-        out = jax.device_get((chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
-        d.chunks += 1
-        d.computed_token_steps += b * out[0].shape[1]
-        return out
-
-    def compact(self) -> None:
-        """Move the highest busy slots into the lowest free ones when that lets the next
-        chunk run on a smaller slot bucket."""
-        d = self.d
-        if not d.running:
-            return
-        need = bucket_for(len(d.running), self.engine.slot_buckets)
-        while max(d.running) >= need and (dst := d.lowest_free_slot()) is not None and dst < need:
-            src = max(d.running)
-            self.state = self.engine.move(self.state, src, dst)
-            d.move(src, dst)

@@ -75,13 +75,16 @@ from ada.models.transformer import (
     positions_from_mask,
     project_logits,
 )
+from ada.sampling.dense_host import DenseSlots
 from ada.sampling.samplers import SamplingConfig, sample_and_stop
 from ada.sampling.slots import (
     DecodeState,
     Prefix,
+    bucket_for,
     insert_fn,
     insert_many_fn,
     move_fn,
+    pow2_buckets,
     put_rows,
     request_key,
     take_rows,
@@ -97,23 +100,6 @@ class Chunk:
     valid: jax.Array  # [b, K] bool: token belongs to the response
     active: jax.Array  # [b] bool: slot still generating after the chunk
     window: int = struct.field(pytree_node=False, default=0)  # cache positions attended
-
-
-def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
-    """Powers of two from lo up to the first one >= hi."""
-    out, b = [], max(1, lo)
-    while True:
-        out.append(b)
-        if b >= hi:
-            return tuple(out)
-        b *= 2
-
-
-def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
-    for b in buckets:
-        if n <= b:
-            return b
-    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
 # ----------------------------------------------------------------------------- pure functions
@@ -313,6 +299,11 @@ class Engine:
         self._sampling_params = jax.jit(self._sampling_fn)
         self._handoffs: dict[Mesh, Any] = {}  # replica mesh -> jitted sampling_params
         self._request_key = jax.jit(request_key)
+
+    def driver_backend(self, driver):
+        """The Driver's host side over this engine: a prefix LRU, refills by insert_many,
+        slot buckets and tail compaction (dense_host.DenseSlots)."""
+        return DenseSlots(driver)
 
     # -- sharding ------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The Driver's host side over a paged engine (docs/paged.md, "The paged engine in the
 driver"): what `PagedEngine.driver_backend` gives the Driver (driver.py) in place of its
-dense `DenseSlots`. The queue, the slots' requests and tokens, completions and counters
+dense_host.DenseSlots. The queue, the slots' requests and tokens, completions and counters
 stay the Driver's; this owns the device state and a `pages.PageAllocator`, and decides
 which queued requests enter and which running ones leave.
 
@@ -31,8 +31,8 @@ import collections
 
 import jax
 
-from ada.sampling.engine import bucket_for
 from ada.sampling.pages import PageAllocator, grow_or_preempt
+from ada.sampling.slots import bucket_for
 
 
 class PagedSlots:

@@ -1,6 +1,7 @@
 """The decode state's slots: what prefill hands over (`Prefix`), what each decode step
 reads and writes (`DecodeState`, every field slot-major), and the pure functions that fill
-(`insert_fn`, `insert_many_fn`), move and cut its slots. Jitted by `Engine` (engine.py)."""
+(`insert_fn`, `insert_many_fn`), move and cut its slots. Jitted by `Engine` (engine.py).
+Also the power-of-two buckets every compiled shape is rounded to (both caches)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,20 @@ def put_rows(state: DecodeState, part: DecodeState) -> DecodeState:
         return jax.lax.dynamic_update_slice(full, x, (0,) * full.ndim)
 
     return jax.tree.map(put, state, part)
+
+
+def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
+    """Powers of two from lo up to the first one >= hi."""
+    out, b = [], max(1, lo)
+    while True:
+        out.append(b)
+        if b >= hi:
+            return tuple(out)
+        b *= 2
+
+
+def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")

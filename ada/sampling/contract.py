@@ -1,0 +1,74 @@
+"""The decode-backend contract: what the Driver needs from a KV cache, in two parts, after
+JetStream's `engine_api.Engine`. Read this first; then the two implementations:
+
+  dense   engine.Engine (prefill into an [N, P] prefix, insert_many into slots, generate
+          over slot and window buckets, move) with dense_host.DenseSlots on the host (a prefix
+          LRU, refills, tail compaction).
+  paged   paged.PagedEngine (prefill into pages, attach samples to a prompt's pages,
+          generate over the page table, stop) with paged_host.PagedSlots on the host (the
+          page allocator: admission by free pages, shared prompt pages, growth and
+          preemption).
+
+ada.setup.make_engine builds one from `sampling.kv_cache`. Shared by both, written once:
+the prompt and row buckets (engine.pow2_buckets, bucket_for), the sampler layout and the
+per-backend choices (engine.sampler_layout, backend_choices), the weight hand-off
+(Engine.prepare_params, which PagedEngine takes as is), the argument checks
+(Engine.check_prompt, check_max_new) and the decode step's sampling and stop rules
+(samplers.sample_and_stop).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class DecodeEngine(Protocol):
+    """The device side: jitted programs over a decode state of `num_slots` slots."""
+
+    num_slots: int
+    max_new_tokens: int  # the cap on any request's new tokens
+    cache_len: int  # positions a slot can hold (prompt bucket + max_new_tokens)
+    chunk_size: int  # decode steps per generate call
+    eos_ids: tuple[int, ...]
+
+    def prepare_params(self, params) -> Any:
+        """The weights in sampling form on the engine's mesh (taken as they are if already)."""
+
+    def check_prompt(self, tokens) -> str | None:
+        """Why a prompt cannot be served (one line), or None."""
+
+    def check_max_new(self, max_new: int) -> str | None:
+        """Why a request's max new tokens cannot be served, or None."""
+
+    def state_shardings(self) -> Any:
+        """The decode state's NamedShardings on the engine's mesh."""
+
+    def compiles(self) -> dict[str, int]:
+        """Compilations made so far, per jitted program."""
+
+    def driver_backend(self, driver) -> SlotBackend:
+        """The host side the Driver runs this engine through."""
+
+
+class SlotBackend(Protocol):
+    """The host side: admits the Driver's queued requests into slots and runs chunks. It
+    sees the Driver only through `head`, `admit`, `start`, `requeue`, `move`,
+    `lowest_free_slot` and the read-only `running` and `queued`."""
+
+    state: Any  # the engine's decode state
+
+    def fill(self) -> None:
+        """Admit queued requests into free slots (prefill what is not cached)."""
+
+    def run_chunk(self) -> tuple | None:
+        """One generate chunk: host (tokens, logprobs, valid, active) [slots, K], or None
+        when no request is left running (all preempted)."""
+
+    def release(self, slot: int) -> None:
+        """A request in `slot` finished: give back what it held."""
+
+    def compact(self) -> None:
+        """With the queue empty: move running requests so the next chunk is cheaper."""
+
+    def stats(self) -> dict:
+        """The backend's own counters (merged into Driver.stats)."""

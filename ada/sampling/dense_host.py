@@ -1,0 +1,112 @@
+"""The Driver's host side over the dense Engine (the contract: contract.SlotBackend): a
+prefix LRU of prefilled prompts, refills by insert_many, chunks on the smallest slot bucket
+holding every running request, and tail compaction. `Engine.driver_backend` builds it; its
+paged counterpart is paged_host.PagedSlots."""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING
+
+import jax
+
+from ada.sampling.slots import Prefix, bucket_for
+
+if TYPE_CHECKING:
+    from ada.sampling.driver import Driver, Request
+
+
+class DenseSlots:
+    """The Driver's device side over the dense Engine: a prefix LRU of prefilled prompts,
+    refills by insert_many, chunks on the smallest slot bucket, tail compaction."""
+
+    def __init__(self, driver: Driver):
+        self.d, self.engine = driver, driver.engine
+        self.state = self.engine.init_decode_state()
+        self._prefixes: collections.OrderedDict = collections.OrderedDict()
+
+    def stats(self) -> dict:
+        return {}
+
+    def release(self, slot: int) -> None:
+        pass
+
+    def _prefix_for(self, request: Request):
+        key = (request.prompt_id, tuple(request.prompt_tokens))
+        hit = self._prefixes.get(key)
+        if hit is not None:
+            self._prefixes.move_to_end(key)
+        return hit
+
+    def _remember(self, key, prefix: Prefix, row: int) -> None:
+        self._prefixes[key] = (prefix, row)
+        self._prefixes.move_to_end(key)
+        while len(self._prefixes) > self.d.prefix_cache_size:
+            self._prefixes.popitem(last=False)
+
+    def fill(self) -> None:
+        d = self.d
+        take = []  # (slot, seq, request)
+        while d.head() is not None:
+            take.append(d.admit())
+        if not take:
+            return
+        # One prefill per distinct new prompt, batched by prompt-length bucket.
+        found: dict[tuple, tuple[Prefix, int]] = {}
+        missing: dict[tuple, None] = {}
+        for _, _, r in take:
+            key = (r.prompt_id, tuple(r.prompt_tokens))
+            hit = self._prefix_for(r)
+            if hit is None:
+                missing[key] = None
+            else:
+                found[key] = hit
+        by_bucket: dict[int, list[tuple]] = collections.defaultdict(list)
+        for key in missing:
+            by_bucket[bucket_for(len(key[1]), self.engine.prompt_buckets)].append(key)
+        rows = self.engine.row_buckets[-1]
+        for keys in by_bucket.values():
+            for i in range(0, len(keys), rows):
+                part = keys[i:i + rows]
+                prefix = self.engine.prefill(d.params, [list(k[1]) for k in part])
+                d.prefills += 1
+                d.prefilled_prompts += len(part)
+                for row, key in enumerate(part):
+                    self._remember(key, prefix, row)
+                    found[key] = (prefix, row)
+        # One insert call per prefix (prefill call) for all its requests.
+        by_prefix: dict[int, tuple[Prefix, list]] = {}
+        for slot, seq, r in take:
+            prefix, row = found[(r.prompt_id, tuple(r.prompt_tokens))]
+            by_prefix.setdefault(id(prefix), (prefix, []))[1].append(
+                (slot, row, r.prompt_id, r.sample_idx, d.max_new(r)))
+            d.start(slot, seq, r, prefix.cache.max_len)
+        for prefix, entries in by_prefix.values():
+            slots, rows, pids, sidxs, mnts = zip(*entries, strict=True)
+            self.state = self.engine.insert_many(prefix, self.state, slots, rows,
+                                                 d.step_key, pids, sidxs, mnts)
+
+    def run_chunk(self):
+        """One chunk over the first b slots: host (tokens, logprobs, valid, active)."""
+        d = self.d
+        b = bucket_for(max(d.running) + 1, self.engine.slot_buckets)
+        filled = max(s.prompt_bucket + len(s.tokens) for s in d.running.values())
+        self.state, chunk = self.engine.generate(d.params, self.state, num_slots=b,
+                                                 filled=filled)
+        d.attended_positions += chunk.window
+        out = jax.device_get((chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
+        d.chunks += 1
+        d.computed_token_steps += b * out[0].shape[1]
+        return out
+
+    def compact(self) -> None:
+        """Move the highest busy slots into the lowest free ones when that lets the next
+        chunk run on a smaller slot bucket."""
+        d = self.d
+        if not d.running:
+            return
+        need = bucket_for(len(d.running), self.engine.slot_buckets)
+        while max(d.running) >= need and (dst := d.lowest_free_slot()) is not None and dst < need:
+            src = max(d.running)
+            self.state = self.engine.move(self.state, src, dst)
+            d.move(src, dst)
