@@ -12,9 +12,10 @@ float32 forwards of a model agree within
 
     (8 layers + 1) sqrt(max(hidden, intermediate)) u  x  the largest |value|
 
-which for the 2-layer tiny models is ~190 u of the largest logit (seen: 9-12 u on a Xeon,
-AVX-512 or AVX2 without YNNPACK; 27 u on an AMD EPYC). A wrong position, mask, page or
-weight moves logits by about their standard deviation (~1 here): 10^3-10^4 times more.
+which for the 2-layer tiny models is ~190 u of the largest logit (seen, paged vs dense: 9-12
+u on a Xeon with XLA:CPU's defaults, up to 5 u there with AVX2 code and no YNNPACK, 27 u on
+an AMD EPYC). A wrong position, mask, page or weight moves logits by about their standard
+deviation (~1 here): 10^3-10^4 times more.
 """
 
 from __future__ import annotations
