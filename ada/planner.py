@@ -344,6 +344,22 @@ def plan_paged(config, engine, line: tuple[float, float], hbm: float, mesh: tupl
                 else "half of sampling.max_new_tokens (sampling.mean_response_len=0)")
 
 
+def compiled_paged(config, model_cfg, mesh, params, log) -> dict:
+    """The paged engine make_engine builds for this sampler at the config's slots and the
+    default pool (every slot's worst case reserved), its generate compiled: the attention it
+    runs (the kernel on TPU) and its decode state's bytes per chip from the compiled
+    program's memory (arguments less the weights and the page table)."""
+    paged = copy.deepcopy(config)
+    paged.sampling.kv_cache, paged.sampling.num_pages = "paged", 0
+    engine = setup.make_engine(paged, model_cfg, None, mesh)
+    log(f"the paged generate at {engine.num_slots} slots ({engine.attention})")
+    lowered = engine.lower_generate(params)
+    table = engine.num_slots * engine.pages_per_slot * 4  # the page table, int32, replicated
+    args = lowered.compile().memory_analysis().argument_size_in_bytes
+    return dict(attention=engine.attention, num_pages=engine.num_pages,
+                pool_bytes_per_chip_full_reservation=int(args - device_bytes(params) - table))
+
+
 def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
               hbm: float | None, log, train_estimate: bool) -> dict:
     """`host`: one host's devices (on CPU `devices` themselves, on TPU a one-host slice).
@@ -397,6 +413,10 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         p["max_num_slots"], p["max_num_slots_method"], checked, line = max_slots(
             generate_at, ph["generate"], data, hbm - held)
         p["paged"] = plan_paged(config, engine, line, hbm - held, (data, tensor))
+        p["paged"].update(compiled_paged(config, model_cfg, sampling_mesh, params, log),
+                          max_slots_at_mean_fill=p["paged"]["mean_fill_slots"])
+        p["dense"] = dict(max_slots=p["max_num_slots"], cache_bytes_per_chip=int(
+            ph["generate"]["arguments_bytes"] - device_bytes(params)))
         p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]
         p["fits"] = all(fits(f, hbm) for f in ph.values())
     slots = engine.num_slots if fits(ph["generate"], hbm or math.inf) else p["max_num_slots"]

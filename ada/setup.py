@@ -324,9 +324,10 @@ def make_engine(config, model_cfg, tokenizer: Tokenizer | None, mesh=None, *,
     if s.kv_cache != "paged":
         return Engine(model_cfg, slot_bucketing=s.slot_bucketing, **common)
     platform = (jax.local_devices()[0] if mesh is None else mesh.devices.flat[0]).platform
-    if s.paged_attention == "kernel" and platform != "tpu":
-        raise ConfigError(f"sampling.paged_attention='kernel' needs TPU devices (the Pallas "
-                          f"kernel does not run on {platform}); pass "
+    if s.paged_attention == "kernel" and (platform != "tpu" or model_cfg.head_dim % 128):
+        why = (f"TPU devices (the Pallas kernel does not run on {platform})" if platform != "tpu"
+               else f"head_dim a multiple of 128 (this model's is {model_cfg.head_dim})")
+        raise ConfigError(f"sampling.paged_attention='kernel' needs {why}; pass "
                           "--config.sampling.paged_attention=auto or gather")
     try:
         return PagedEngine(model_cfg, page_size=s.page_size, num_pages=s.num_pages,

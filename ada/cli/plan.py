@@ -167,6 +167,11 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                    + (f"; every data shard holds the whole pool (docs/paged.md), so data="
                       f"{p['sampling_mesh']['data']} does not multiply the paged slots"
                       if p["sampling_mesh"]["data"] > 1 else ""))
+        if "pool_bytes_per_chip_full_reservation" in pg:
+            out.append(f"  compiled ({pg['attention']} attention): the paged decode state at "
+                       f"{p['num_slots']} slots, every slot's worst case reserved, takes "
+                       f"{gib(pg['pool_bytes_per_chip_full_reservation'])} GiB per chip "
+                       f"against the dense cache's {gib(p['dense']['cache_bytes_per_chip'])}")
     if e := p.get("estimate"):
         f = lambda key, spec, scale=1: "-" if e[key] is None else format(e[key] * scale, spec)
         out += ["ESTIMATE (roofline bound from the compiler's costs, not measured; '-': no fit):",

@@ -170,7 +170,8 @@ class PagedEngine:
         free) and the youngest are preempted when the running ones cannot grow.
       attention: "gather" (pure JAX, any backend), "kernel" (the Pallas kernel, TPU; run per
         shard of the mesh by `sharded_kernel`, blocks from `tuned_blocks` for the mesh's chip
-        unless given) or "auto" (the backend's: engine.backend_choices).
+        unless given) or "auto" (the backend's, engine.backend_choices, where head_dim is a
+        multiple of 128; else gather).
     Windows: generate reads the first W columns of the page table, W the smallest of
     `num_windows` equal steps of pages_per_slot that holds every live slot's pages.
     """
@@ -212,7 +213,10 @@ class PagedEngine:
         self.window_buckets = tuple(sorted({min(step * i, self.pages_per_slot)
                                             for i in range(1, int(num_windows) + 1)}))
         self.choices, self.vocab_shards = sampler_layout(config, self.num_slots, mesh)
-        self.attention = self.choices.paged_attention if attention == "auto" else attention
+        # the kernel's blocks want head_dim a multiple of 128 (the TPU's lanes): else gather
+        kernel_fits = config.head_dim % 128 == 0
+        self.attention = ((self.choices.paged_attention if kernel_fits else "gather")
+                          if attention == "auto" else attention)
         kernel = ragged_decode
         if self.attention == "kernel":
             data = 1 if mesh is None else mesh.shape["data"]
