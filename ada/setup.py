@@ -36,6 +36,7 @@ from ada.rl.train import TrainFns, make_train_fns
 from ada.rollout import Rollout
 from ada.sampling.engine import Engine
 from ada.sampling.paged import PagedEngine
+from ada.sampling.paged_config import kernel_problem
 from ada.sampling.samplers import SamplingConfig
 from ada.templates import encode_prompt, render_prompt
 from ada.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
@@ -324,11 +325,8 @@ def make_engine(config, model_cfg, tokenizer: Tokenizer | None, mesh=None, *,
     if s.kv_cache != "paged":
         return Engine(model_cfg, slot_bucketing=s.slot_bucketing, **common)
     platform = (jax.local_devices()[0] if mesh is None else mesh.devices.flat[0]).platform
-    if s.paged_attention == "kernel" and (platform != "tpu" or model_cfg.head_dim % 128):
-        why = (f"TPU devices (the Pallas kernel does not run on {platform})" if platform != "tpu"
-               else f"head_dim a multiple of 128 (this model's is {model_cfg.head_dim})")
-        raise ConfigError(f"sampling.paged_attention='kernel' needs {why}; pass "
-                          "--config.sampling.paged_attention=auto or gather")
+    if why := kernel_problem(s.paged_attention, platform, model_cfg.head_dim):
+        raise ConfigError(why)
     try:
         return PagedEngine(model_cfg, page_size=s.page_size, num_pages=s.num_pages,
                            attention=s.paged_attention, **common)

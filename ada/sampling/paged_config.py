@@ -38,3 +38,18 @@ def kv_cache_problems(config) -> list[str]:
                         f"{prompt_len} prompt + {new} new tokens in pages of {s.page_size}; pass "
                         f"--config.sampling.num_pages={need} or more (0 = every slot's worst case)")
     return problems
+
+
+def kernel_problem(paged_attention: str, platform: str, head_dim: int) -> str | None:
+    """Why sampling.paged_attention='kernel' cannot run on these devices (one line), or None
+    (ada.setup.make_engine asks, once it knows the sampler's devices and the model)."""
+    if paged_attention != "kernel":
+        return None
+    if platform != "tpu":
+        why = f"TPU devices (the Pallas kernel does not run on {platform})"
+    elif head_dim % 128:
+        why = f"head_dim a multiple of 128 (this model's is {head_dim})"
+    else:
+        return None
+    return (f"sampling.paged_attention='kernel' needs {why}; pass "
+            "--config.sampling.paged_attention=auto or gather")
