@@ -325,7 +325,7 @@ def make_engine(config, model_cfg, tokenizer: Tokenizer | None, mesh=None, *,
     if s.kv_cache != "paged":
         return Engine(model_cfg, slot_bucketing=s.slot_bucketing, **common)
     platform = (jax.local_devices()[0] if mesh is None else mesh.devices.flat[0]).platform
-    if why := kernel_problem(s.paged_attention, platform, model_cfg.head_dim):
+    if why := kernel_problem(s.paged_attention, platform, model_cfg):
         raise ConfigError(why)
     try:
         return PagedEngine(model_cfg, page_size=s.page_size, num_pages=s.num_pages,

@@ -194,8 +194,8 @@ def on_device(model: str, prompt: int, new: int, chunk: int, page_size: int,
         common = dict(num_slots=B, max_prompt_len=prompt, max_new_tokens=new, chunk_size=chunk,
                       sampling=SamplingConfig(temperature=1.0), max_prefill_rows=8)
         engine = (Engine(c, **common) if kind == "dense" else
-                  PagedEngine(c, page_size=page_size, num_pages=max(
-                      int(budget // (token * page_size)), 0) or 0, **common))
+                  PagedEngine(c, page_size=page_size,
+                              num_pages=int(budget // (token * page_size)), **common))
         lengths = rng.integers(1, new + 1, 2 * B)
         reqs = [Request(rng.integers(1, c.vocab_size, prompt).tolist(), i, 0, int(n))
                 for i, n in enumerate(lengths)]

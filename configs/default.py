@@ -5,7 +5,7 @@
 
 The task is two-digit addition / subtraction (arithmetic level 2, ~20k distinct problems,
 so the held-out split tests the algorithm, not memorised facts). A supervised warm start
-(cached, ~3 min once) plays the pretrained model: 7,500 steps on the exact answers teach
+(cached, ~1.3 min once) plays the pretrained model: 7,500 steps on the exact answers teach
 the task, then 500 steps on a noisy teacher (per problem 2 exact answers and 3 near misses,
 warmstart.teacher_noise=0.6) spread the policy's mass to the neighbours of its answers. It
 then knows far more than it samples (held-out accuracy ~0.31 at temperature 1, ~0.74 at
@@ -14,10 +14,10 @@ is for.
 Measured (docs/results.md): from a start that lacks the knowledge (exact teacher, short),
 or one taught only by the noisy teacher (its greedy answer is right ~0.39 of the time, a
 ceiling for sharpening), 200 steps gain +0.02 to +0.1; after 2,500 exact steps (not
-settled: greedy 0.44 to 0.56 over warm-start seeds) +0.13 to +0.28; from this one about
-+0.60 to +0.65 (0.29-0.31 -> 0.91-0.95) over three RL seeds under two CPU kernel sets. At
-5,000 exact steps the phase had not settled on every CPU, and the end ranged 0.63 to 0.89
-with the CPU's kernels (docs/results.md, "On any CPU").
+settled: greedy 0.44 to 0.56 over warm-start seeds) +0.13 to +0.28; from this one +0.60
+to +0.66 (0.29-0.31 -> 0.91-0.96) over three RL seeds under two CPU kernel sets. At 5,000
+exact steps the phase had not settled on every CPU, and the end ranged 0.63 to 0.89 with
+the CPU's kernels (docs/results.md, "The embedded default run on any CPU").
 128 prompts per step learn faster per step than 64 at lr 3e-4; above ~5e-4 the
 negatives' log-probs fall much faster than the positives' rise and accuracy drops. The
 update diagnostics (log-prob change of positive and negative responses per update) are on:

@@ -145,6 +145,12 @@ def attention_gather(q_BxTxHxHd, pages_PxSxCxHd, page_table_BxW, start_B, config
     return jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, H * Hd)
 
 
+def kernel_fits(config: ModelConfig) -> bool:
+    """Whether the Pallas kernel serves this model: its blocks want head_dim a multiple of
+    128 (the TPU's lanes)."""
+    return config.head_dim % 128 == 0
+
+
 def ragged_decode(q_BxHxHd, pages_PxSxCxHd, kv_lens_B, page_table_BxW, *, impl=None,
                   **options):
     """One query per slot through `impl` (default the Pallas kernel

@@ -10,7 +10,7 @@ JetStream's `engine_api.Engine`. Read this first; then the two implementations:
           preemption).
 
 ada.setup.make_engine builds one from `sampling.kv_cache`. Shared by both, written once:
-the prompt and row buckets (engine.pow2_buckets, bucket_for), the sampler layout and the
+the prompt and row buckets (slots.pow2_buckets, bucket_for), the sampler layout and the
 per-backend choices (engine.sampler_layout, backend_choices), the weight hand-off
 (Engine.prepare_params, which PagedEngine takes as is), the argument checks
 (Engine.check_prompt, check_max_new) and the decode step's sampling and stop rules

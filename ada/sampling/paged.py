@@ -36,6 +36,7 @@ from ada.models.paged_attention import (
     PagedKV,
     copy_pages,
     init_pages,
+    kernel_fits,
     paged_forward,
     ragged_decode,
     tuned_blocks,
@@ -213,9 +214,7 @@ class PagedEngine:
         self.window_buckets = tuple(sorted({min(step * i, self.pages_per_slot)
                                             for i in range(1, int(num_windows) + 1)}))
         self.choices, self.vocab_shards = sampler_layout(config, self.num_slots, mesh)
-        # the kernel's blocks want head_dim a multiple of 128 (the TPU's lanes): else gather
-        kernel_fits = config.head_dim % 128 == 0
-        self.attention = ((self.choices.paged_attention if kernel_fits else "gather")
+        self.attention = ((self.choices.paged_attention if kernel_fits(config) else "gather")
                           if attention == "auto" else attention)
         kernel = ragged_decode
         if self.attention == "kernel":

@@ -1,10 +1,11 @@
 """The sampler's KV-cache knobs checked (sampling.kv_cache, page_size, num_pages,
-paged_attention; ada.config's
-`validate` calls `kv_cache_problems`): one line each, naming the knob and the fix, before
-anything compiles. ada.setup.make_engine builds the engine they describe."""
+paged_attention; ada.config's `validate` calls `kv_cache_problems`): one line each, naming
+the knob and the fix, before anything compiles. ada.setup.make_engine builds the engine
+they describe."""
 
 from __future__ import annotations
 
+from ada.models.paged_attention import kernel_fits
 from ada.sampling.pages import min_pool_pages
 
 KV_CACHES = ("dense", "paged")
@@ -40,15 +41,15 @@ def kv_cache_problems(config) -> list[str]:
     return problems
 
 
-def kernel_problem(paged_attention: str, platform: str, head_dim: int) -> str | None:
+def kernel_problem(paged_attention: str, platform: str, model_cfg) -> str | None:
     """Why sampling.paged_attention='kernel' cannot run on these devices (one line), or None
     (ada.setup.make_engine asks, once it knows the sampler's devices and the model)."""
     if paged_attention != "kernel":
         return None
     if platform != "tpu":
         why = f"TPU devices (the Pallas kernel does not run on {platform})"
-    elif head_dim % 128:
-        why = f"head_dim a multiple of 128 (this model's is {head_dim})"
+    elif not kernel_fits(model_cfg):
+        why = f"head_dim a multiple of 128 (this model's is {model_cfg.head_dim})"
     else:
         return None
     return (f"sampling.paged_attention='kernel' needs {why}; pass "
