@@ -337,27 +337,47 @@ def plan_paged(config, engine, line: tuple[float, float], hbm: float, mesh: tupl
         samples_per_prompt=(config.adaptive.samples_per_round if methods.get(
             config.method).adaptive_rounds else config.adaptive.n),
         kv_head_shards=tensor, slot_shards=data, chunk_size=engine.chunk_size,
-        pool_shards=1,  # the paged engine's pool is whole on every data shard (docs/paged.md)
+        pool_shards=data,  # each data shard holds its own slots' pages (docs/paged.md)
         per_slot_bytes=max(per_slot * data - kv_token * engine.cache_len, 0.0))
     return dict(fit, page_size=config.sampling.page_size, mean_response_len=mean,
                 mean_from="sampling.mean_response_len" if config.sampling.mean_response_len
                 else "half of sampling.max_new_tokens (sampling.mean_response_len=0)")
 
 
-def compiled_paged(config, model_cfg, mesh, params, log) -> dict:
-    """The paged engine make_engine builds for this sampler at the config's slots and the
-    default pool (every slot's worst case reserved), its generate compiled: the attention it
-    runs (the kernel on TPU) and its decode state's bytes per chip from the compiled
-    program's memory (arguments less the weights and the page table)."""
+def compiled_paged(config, model_cfg, mesh, params, planned: dict, held: int, hbm: float,
+                   log) -> dict:
+    """The paged engine make_engine builds for this sampler, its generate compiled twice.
+    At the config's slots with the default pool (every slot's worst case reserved): the
+    attention it runs (the kernel on TPU) and its decode state's bytes per chip from the
+    compiled program's memory (arguments less the weights and the page table). At the
+    planned mean fill (`plan_paged`): its slots with the pool it plans for them (each slot's
+    pages at the mean fill, `headroom` more kept free, a null page per data shard), checked
+    to fit beside the held train state by the compiler's peak; a miss takes 5% fewer slots
+    (at most four tries)."""
     paged = copy.deepcopy(config)
     paged.sampling.kv_cache, paged.sampling.num_pages = "paged", 0
     engine = setup.make_engine(paged, model_cfg, None, mesh)
     log(f"the paged generate at {engine.num_slots} slots ({engine.attention})")
-    lowered = engine.lower_generate(params)
     table = engine.num_slots * engine.pages_per_slot * 4  # the page table, int32, replicated
-    args = lowered.compile().memory_analysis().argument_size_in_bytes
-    return dict(attention=engine.attention, num_pages=engine.num_pages,
-                pool_bytes_per_chip_full_reservation=int(args - device_bytes(params) - table))
+    args = engine.lower_generate(params).compile().memory_analysis().argument_size_in_bytes
+    out = dict(attention=engine.attention, num_pages=engine.num_pages,
+               pool_bytes_per_chip_full_reservation=int(args - device_bytes(params) - table))
+    data, page = engine.pool_shards, config.sampling.page_size
+    slots = planned["mean_fill_slots"] // data * data
+    per_slot = planned["mean_fill_tokens_per_slot"] / page / (1 - planned["headroom"])
+    for _ in range(4):
+        if slots < data:
+            break
+        paged.sampling.num_pages = data * (1 + math.ceil(slots // data * per_slot))
+        engine = setup.make_engine(paged, model_cfg, None, mesh, num_slots=slots)
+        log(f"the paged generate at {slots} slots, {engine.num_pages} pages (the mean fill)")
+        state = engine.abstract_state()
+        fig = compile_phase(engine.lower_generate(params), device_bytes((params, state)))
+        if fits(dict(fig, held_bytes=held), hbm):
+            return dict(out, max_slots_at_mean_fill=slots, mean_fill_num_pages=engine.num_pages,
+                        mean_fill_peak_bytes=fig["peak_bytes"])
+        slots = int(slots * 0.95) // data * data
+    return dict(out, max_slots_at_mean_fill=None)
 
 
 def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
@@ -413,8 +433,8 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         p["max_num_slots"], p["max_num_slots_method"], checked, line = max_slots(
             generate_at, ph["generate"], data, hbm - held)
         p["paged"] = plan_paged(config, engine, line, hbm - held, (data, tensor))
-        p["paged"].update(compiled_paged(config, model_cfg, sampling_mesh, params, log),
-                          max_slots_at_mean_fill=p["paged"]["mean_fill_slots"])
+        p["paged"].update(compiled_paged(config, model_cfg, sampling_mesh, params, p["paged"],
+                                         held, hbm, log))
         p["dense"] = dict(max_slots=p["max_num_slots"], cache_bytes_per_chip=int(
             ph["generate"]["arguments_bytes"] - device_bytes(params)))
         p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]

@@ -233,7 +233,7 @@ def test_v5e_no_cache_moves_between_chips_in_any_bucket():
     assert dense.slot_buckets == (SLOTS,)
     paged = PagedEngine(CONFIG, num_slots=SLOTS, max_prompt_len=PROMPT, max_new_tokens=NEW,
                         chunk_size=STEPS, mesh=mesh, page_size=16, attention="auto")
-    assert paged.attention == "kernel"
+    assert paged.attention == "kernel" and paged.pool_shards == 2
     per_chip_heads = CONFIG.num_kv_heads // 2
     for eng in (dense, paged):
         sp = jax.eval_shape(eng._sampling_fn, stacked)
@@ -259,13 +259,14 @@ def test_v5e_no_cache_moves_between_chips_in_any_bucket():
                 programs = [(f"paged generate window {w}", True, layer, eng._generate.lower(
                     params, state, i32(SLOTS, w), num_steps=STEPS))
                     for w in eng.window_buckets]
-            programs += [(f"paged prefill {N}", False, N * P * per_chip_heads * Hd * 2,
-                          eng._prefill.lower(params, state.pages, i32(N, P), i32(N),
-                                             i32(N, P // eng.page_size)))
-                         for N in (eng.row_buckets[0], eng.row_buckets[-1])]
+            D = eng.pool_shards  # prefill rows and page copies: a bucket per data shard
+            programs += [(f"paged prefill {n} a shard", False, n * P * per_chip_heads * Hd * 2,
+                          eng._prefill.lower(params, state.pages, i32(D * n, P), i32(D * n),
+                                             i32(D * n, P // eng.page_size), i32(D * n)))
+                         for n in (eng.row_buckets[0], eng.row_buckets[-1])]
             programs += [(f"attach {n}", True, layer, eng._attach.lower(
-                state, S((eng.row_buckets[-1], CONFIG.vocab_size), jnp.float32), i32(n),
-                i32(n), i32(n), i32(n), i32(n), u32(2), u32(n), u32(n), i32(n)))
+                state, S((D * eng.row_buckets[-1], CONFIG.vocab_size), jnp.float32), i32(D * n),
+                i32(D * n), i32(n), i32(n), i32(n), u32(2), u32(n), u32(n), i32(n)))
                 for n in eng.insert_buckets]
         for name, copies, limit, lowered in programs:
             found += [f"{name}: {m}" for m in kv_moves(lowered.compile().as_text(), limit, Hd,

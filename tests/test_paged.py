@@ -592,8 +592,8 @@ def test_slots_that_fit_at_mean_fill():
     """The KV budget per chip that the README's 'most that fit' dense slot counts give the
     1.5B (v5e:2x2, sampling.mesh (2, 2)) and 7B (v5e:4x4, (1, 4)) presets, spent on pages at
     a planned mean fill instead of every slot reserving 1,024 + 2,048 positions: at least 2x
-    the slots per host once pages live with their slots (pool_shards = data); while every
-    data shard holds the whole pool (the engine today) the 1.5B's data 2 halves that."""
+    the slots per host with pages living with their slots (pool_shards = data, the engine);
+    were every data shard to hold the whole pool, the 1.5B's data 2 would halve that."""
     for name, most, (data, tensor) in (("qwen2.5-math-1.5b", 488, (2, 2)),
                                        ("qwen2.5-math-7b", 169, (1, 4))):
         c = known(name)

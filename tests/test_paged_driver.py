@@ -107,8 +107,10 @@ def test_paged_driver_equals_dense_driver(family, pools, temperature):
 
 
 def test_paged_driver_on_a_mesh_samples_as_dense():
-    """On a (data 4, tensor 2) sampler mesh (slots over data, each pool's KV heads over
-    tensor), a 20-page pool at temperature 1 draws the dense engine's tokens."""
+    """On a (data 4, tensor 2) sampler mesh, the pool is split with the slots: each data
+    shard holds its own 10 pages (its slots' pages only), each pool's KV heads over tensor.
+    A 40-page pool at temperature 1 draws the dense engine's tokens, with requests deferred;
+    every sample of a prompt admitted together shares that prompt's pages in one shard."""
     from ada import sharding as shd
 
     c = preset("tiny", family="qwen2")
@@ -117,11 +119,24 @@ def test_paged_driver_on_a_mesh_samples_as_dense():
               mesh=shd.local_mesh(4, 2))
     reqs = _requests(c) * 2
     dense = Driver(Engine(c, **kw), params, step_key=7).generate_all(reqs)
-    eng = PagedEngine(c, page_size=4, num_pages=20, **kw)
-    assert eng.state_shardings().pages[0].spec[2] == "tensor"
+    eng = PagedEngine(c, page_size=4, num_pages=40, **kw)
+    assert (eng.pool_shards, eng.shard_pages) == (4, 10)
+    assert eng.state_shardings().pages[0].spec[:3] == ("data", None, "tensor")
+    state = eng.init_state()
+    device_pool = state.pages[0].addressable_shards[0].data.shape
+    assert device_pool == (10, 4, c.num_kv_heads, c.head_dim)  # 2K / tensor 2 = K heads
     paged, stats = run_paged(eng, params, reqs, step_key=7)
     assert_same(dense, paged, requests_tol(params, c, reqs))
     assert stats["deferrals"] > 0, stats
+    # full reservation: requests 0 and 2 (prompt 0) enter shard 0 and share its full page
+    # (run_paged checks); a prompt cached in a full shard is prefilled again in another
+    full = PagedEngine(c, page_size=4, **kw)
+    paged, stats = run_paged(full, params, reqs, step_key=7)
+    assert_same(dense, paged, requests_tol(params, c, reqs))
+    assert stats["preemptions"] == stats["deferrals"] == 0, stats
+    assert stats["prefilled_prompts"] > len(PROMPT_LENS), stats
+    with pytest.raises(ValueError, match="in each of 4 data shards: pass 36 or more"):
+        PagedEngine(c, page_size=4, num_pages=20, **kw)
 
 
 def test_paged_knobs_and_their_errors():

@@ -163,15 +163,21 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                    f"{pg['mean_fill_slots']} slots per host fit at a mean response of "
                    f"{pg['mean_response_len']:g} tokens ({pg['mean_from']}), "
                    f"{pg['ratio']:.1f}x the {pg['worst_case_slots']} of the worst case "
-                   "(every slot reserving the whole window)"
-                   + (f"; every data shard holds the whole pool (docs/paged.md), so data="
-                      f"{p['sampling_mesh']['data']} does not multiply the paged slots"
-                      if p["sampling_mesh"]["data"] > 1 else ""))
+                   "(every slot reserving the whole window; pages split over data with the "
+                   "slots)")
         if "pool_bytes_per_chip_full_reservation" in pg:
+            dense = p["dense"]["cache_bytes_per_chip"]
             out.append(f"  compiled ({pg['attention']} attention): the paged decode state at "
                        f"{p['num_slots']} slots, every slot's worst case reserved, takes "
                        f"{gib(pg['pool_bytes_per_chip_full_reservation'])} GiB per chip "
-                       f"against the dense cache's {gib(p['dense']['cache_bytes_per_chip'])}")
+                       f"against the dense cache's {gib(dense)} "
+                       f"({pg['pool_bytes_per_chip_full_reservation'] / dense:.2f}x)")
+            out.append("  compiled at the mean fill: " + (
+                f"{pg['max_slots_at_mean_fill']} slots per host with {pg['mean_fill_num_pages']:,} "
+                f"pages fit (peak {gib(pg['mean_fill_peak_bytes'])} GiB + held), "
+                f"{pg['max_slots_at_mean_fill'] / p['dense']['max_slots']:.1f}x the dense "
+                f"cache's {p['dense']['max_slots']}" if pg["max_slots_at_mean_fill"] else
+                "no count near the planned one fit (four compiles)"))
     if e := p.get("estimate"):
         f = lambda key, spec, scale=1: "-" if e[key] is None else format(e[key] * scale, spec)
         out += ["ESTIMATE (roofline bound from the compiler's costs, not measured; '-': no fit):",

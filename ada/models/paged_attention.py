@@ -12,6 +12,8 @@ of the slot lies in page `page_table[slot, p // page_size]` at offset `p % page_
 is its cache position. Page 0 is the null page: a page-table entry never given out points
 there, nothing is ever written to it, and what is read from it is masked. Which pages a
 slot holds, and who shares them, is the host allocator's business (ada/sampling/pages.py).
+On a mesh the pool is split over the data shards with the slots: each shard holds its own
+range of pages (its null page first) and runs the cache step on them alone (`local_pages`).
 
 Writes scatter each new token's [2K, Hd] row into its page (in place when the pool is
 donated); a write whose position has no page, or whose token is padding, is dropped.
@@ -29,6 +31,8 @@ ada.models.transformer.forward with a KVCache, for the families that module serv
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -101,13 +105,22 @@ def write_kv(pages_PxSxCxHd, k_BxTxKxHd, v_BxTxKxHd, page_BxT, offset_BxT):
 
 def copy_pages(pages: tuple, src_N, dst_N) -> tuple:
     """Copy whole pages src -> dst in every layer (the copy-on-write of a shared prompt's
-    partial last page). Pairs with dst = NULL_PAGE are no-ops (padding)."""
+    partial last page). Page ids are taken modulo the pool's length (`local_pages`); pairs
+    whose dst is a null page are no-ops (padding)."""
     def one(p):
-        rows = p[src_N]
-        dst = jnp.where(dst_N == NULL_PAGE, p.shape[0], dst_N)
-        return p.at[dst].set(rows, mode="drop")
+        src, dst = local_pages(src_N, p.shape[0]), local_pages(dst_N, p.shape[0])
+        return p.at[jnp.where(dst == NULL_PAGE, p.shape[0], dst)].set(p[src], mode="drop")
 
     return tuple(one(p) for p in pages)
+
+
+def local_pages(page_ids, pool_len: int):
+    """Page ids as a pool of `pool_len` pages indexes them. The host numbers the pages of a
+    pool split over the data shards globally (shard s owns [s * pool_len, (s + 1) *
+    pool_len), its null page first); each shard holds its own range, so the id modulo its
+    length is the local index, and every null page (the unassigned entries' 0 included)
+    maps to the local null page. An unsplit pool is unchanged."""
+    return page_ids % pool_len
 
 
 # ----------------------------------------------------------------------------- attention
@@ -155,7 +168,7 @@ def ragged_decode(q_BxHxHd, pages_PxSxCxHd, kv_lens_B, page_table_BxW, *, impl=N
                   **options):
     """One query per slot through `impl` (default the Pallas kernel
     `ragged_paged_attention`) in its ragged layout: slot b is sequence b, with query b.
-    The engine runs it per shard of its mesh (paged.sharded_kernel); CPU tests pass
+    The engine runs it on each shard of its mesh (`attend_pages`); CPU tests pass
     `reference_decode`. Returns [B, H, Hd]."""
     if impl is None:
         from jax.experimental.pallas.ops.tpu.ragged_paged_attention import (
@@ -242,17 +255,43 @@ def kernel_read_bytes(kv_lens, page_size: int, num_kv_pages_per_block: int,
 # ----------------------------------------------------------------------------- the model
 
 
+def attend_pages(q_BxTxHxHd, k_BxTxKxHd, v_BxTxKxHd, pages_PxSxCxHd, page_table_BxW, start_B,
+                 count_B, config: ModelConfig, window: int | None = None, *,
+                 attention: str = "gather", blocks: tuple[int, int] | None = None,
+                 kernel=ragged_decode):
+    """One layer's step over the pool it is given: write the new keys and values into their
+    pages, then attend (module docstring). The page table holds global ids (`local_pages`),
+    so the engine runs this on each data shard's slice of a split pool (its slots' rows,
+    queries and pages: paged.PagedEngine's `on_shards`), and as it is on a whole one.
+    Returns (attention [B, T, H * Hd], the pool)."""
+    B, T = q_BxTxHxHd.shape[:2]
+    P, page_size = pages_PxSxCxHd.shape[:2]
+    table = local_pages(page_table_BxW, P)
+    page_BxT, off_BxT = write_positions(table, start_B, count_B, T, page_size, P)
+    pages = write_kv(pages_PxSxCxHd, k_BxTxKxHd, v_BxTxKxHd, page_BxT, off_BxT)
+    if attention != "kernel":
+        return attention_gather(q_BxTxHxHd, pages, table, start_B, config, window), pages
+    # the kernel's kv lengths: a slot's tokens with the new one; an idle slot (no new token,
+    # its table row null) reads one token of the null page, not up to its stale length
+    kv_lens = jnp.where(count_B > 0, start_B + count_B, 1)
+    attn = attention_kernel(q_BxTxHxHd[:, 0], pages, table, kv_lens, config, window,
+                            num_kv_pages_per_block=min(blocks[0], table.shape[1]),
+                            num_queries_per_block=min(blocks[1], B), kernel=kernel)
+    return attn[:, None], pages
+
+
 def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B=None, *,
                   attention: str = "gather", blocks: tuple[int, int] | None = None,
-                  return_hidden: bool = False, kernel=ragged_decode):
+                  return_hidden: bool = False, kernel=ragged_decode, on_shards=None):
     """Run the model on T new tokens per slot over the paged cache: the dense forward's
     blocks (ada.models.transformer.block), attending through pages.
 
     Token t of slot b is at position kv.lengths[b] + t; tokens t >= counts_B[b] (default:
     all T) are padding: not written, their outputs unused. Each layer writes its new keys
-    and values into their pages, then attends over the slot's pages (module docstring);
+    and values into their pages, then attends over the slot's pages (`attend_pages`);
     `blocks` = (num_kv_pages_per_block, num_queries_per_block) for attention="kernel"
-    (`kernel`: ragged_decode or its shard-mapped or reference form).
+    (`kernel`: ragged_decode or its reference form). `on_shards` wraps attend_pages to run
+    on each shard of a mesh (None: as it is).
     Returns (logits [B, T, V] float32 or the final hidden states, the updated PagedKV
     with lengths advanced by counts_B)."""
     c = config
@@ -260,29 +299,19 @@ def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B
     counts = jnp.full((B,), T, jnp.int32) if counts_B is None else counts_B.astype(jnp.int32)
     start = kv.lengths
     positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    num_pages = kv.pages[0].shape[0]
-    page_BxT, off_BxT = write_positions(kv.page_table, start, counts, T, kv.page_size, num_pages)
     if attention == "kernel" and (T != 1 or blocks is None):
         raise ValueError("attention='kernel' is decode only (T = 1) and needs blocks=(kv pages,"
                          " queries) per block")
-
-    # the kernel's kv lengths: a slot's tokens with the new one; an idle slot (no new token,
-    # its table row null) reads one token of the null page, not up to its stale length
-    kv_lens = jnp.where(counts > 0, start + counts, 1)
     x = embed(params, c, tokens_BxT)
     new_pages = []
     for layer, pages, window, inv_freq in zip(per_layer(params["layers"], c.num_layers), kv.pages,
                                               c.layer_windows, layer_inv_freqs(c), strict=True):
-        def attend(q, k, v, pages=pages, window=window):
-            pages = write_kv(pages, k, v, page_BxT, off_BxT)
-            if attention == "kernel":
-                attn = attention_kernel(
-                    q[:, 0], pages, kv.page_table, kv_lens, c, window,
-                    num_kv_pages_per_block=min(blocks[0], kv.page_table.shape[1]),
-                    num_queries_per_block=min(blocks[1], B), kernel=kernel)[:, None]
-            else:
-                attn = attention_gather(q, pages, kv.page_table, start, c, window)
-            return attn, pages
+        step = functools.partial(attend_pages, config=c, window=window, attention=attention,
+                                 blocks=blocks, kernel=kernel)
+        step = step if on_shards is None else on_shards(step)
+
+        def attend(q, k, v, pages=pages, step=step):
+            return step(q, k, v, pages, kv.page_table, start, counts)
 
         x, pages = block(x, layer, c, positions, inv_freq, attend)
         new_pages.append(pages)

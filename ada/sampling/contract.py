@@ -53,7 +53,7 @@ class DecodeEngine(Protocol):
 class SlotBackend(Protocol):
     """The host side: admits the Driver's queued requests into slots and runs chunks. It
     sees the Driver only through `head`, `admit`, `start`, `requeue`, `move`,
-    `lowest_free_slot` and the read-only `running` and `queued`."""
+    `lowest_free_slot`, `idle_slots` and the read-only `running` and `queued`."""
 
     state: Any  # the engine's decode state
 

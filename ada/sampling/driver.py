@@ -30,7 +30,8 @@ by their samples, pages grown before each chunk, the youngest requests preempted
 requeued when they cannot grow (docs/paged.md). Either way a request's tokens depend only
 on the request and the step key, not on its slot, its neighbours or a restart. A backend
 sees the Driver through a few calls only (`head`, `admit`, `start`, `requeue`, `move`, and
-the read-only `running` and `queued`), never its attributes.
+the read-only `running`, `queued`, `idle_slots` and `lowest_free_slot`), never its
+attributes.
 """
 
 from __future__ import annotations
@@ -228,11 +229,15 @@ class Driver:
         """(seq, request) at the queue's head when a slot is free for it, else None."""
         return self._queue[0] if self._queue and self._free else None
 
-    def admit(self) -> tuple[int, int, Request]:
-        """Take the queue's head into the lowest free slot: (slot, seq, request). The
-        backend then puts it on the device and calls `start`."""
+    def admit(self, slot: int | None = None) -> tuple[int, int, Request]:
+        """Take the queue's head into free `slot` (default the lowest): (slot, seq,
+        request). The backend then puts it on the device and calls `start`."""
         seq, request = self._queue.popleft()
-        return heapq.heappop(self._free), seq, request
+        if slot is None:
+            return heapq.heappop(self._free), seq, request
+        self._free.remove(slot)
+        heapq.heapify(self._free)
+        return slot, seq, request
 
     def start(self, slot: int, seq: int, request: Request, filled: int) -> None:
         """Record an admitted request running in `slot` (its cache holds `filled`
@@ -248,6 +253,10 @@ class Driver:
 
     def lowest_free_slot(self) -> int | None:
         return self._free[0] if self._free else None
+
+    def idle_slots(self) -> list[int]:
+        """The free slots, lowest first."""
+        return sorted(self._free)
 
     def move(self, src: int, dst: int) -> None:
         """The request running in `src` now runs in the free slot `dst` (compaction)."""

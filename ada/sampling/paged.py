@@ -38,7 +38,6 @@ from ada.models.paged_attention import (
     init_pages,
     kernel_fits,
     paged_forward,
-    ragged_decode,
     tuned_blocks,
 )
 from ada.models.transformer import ModelConfig, project_logits
@@ -70,24 +69,28 @@ class PagedState:
     keys: jax.Array  # [B, 2] uint32: request_key(step_key, prompt_id, sample_idx)
 
 
-def prefill_fn(params, pages, tokens_NxT, counts_N, page_table_NxW, *, config: ModelConfig):
-    """Write N right-padded prompts (counts_N real tokens each) into their pages; return
-    (pages, next-token logits [N, V])."""
+def prefill_fn(params, pages, tokens_NxT, counts_N, page_table_NxW, order_N, *,
+               config: ModelConfig, on_shards=None):
+    """Write N right-padded prompts (counts_N real tokens each) into their pages (each row
+    on the data shard that holds its pages: PagedEngine.prefill lays them out); return
+    (pages, next-token logits [N, V] of rows order_N, i.e. in the caller's order)."""
     N = tokens_NxT.shape[0]
     kv = PagedKV(pages=pages, page_table=page_table_NxW, lengths=jnp.zeros((N,), jnp.int32))
-    hidden, kv = paged_forward(params, config, tokens_NxT, kv, counts_N, return_hidden=True)
+    hidden, kv = paged_forward(params, config, tokens_NxT, kv, counts_N, return_hidden=True,
+                               on_shards=on_shards)
     last = jnp.take_along_axis(hidden, jnp.maximum(counts_N - 1, 0)[:, None, None], axis=1)
-    return kv.pages, project_logits(params, config, last)[:, 0]
+    return kv.pages, project_logits(params, config, last[order_N])[:, 0]
 
 
 def attach_fn(state: PagedState, logits_NxV, src_C, dst_C, slots_I, rows_I, lengths_I,
-              step_key, prompt_ids_I, sample_idxs_I, max_new_I) -> PagedState:
-    """Start I requests: page copies src_C -> dst_C first (dst NULL: padding), then slot
-    slots_I[i] continues prefilled row rows_I[i] of `logits_NxV` from lengths_I[i] tokens.
-    Padding repeats the last request (the same values written twice)."""
+              step_key, prompt_ids_I, sample_idxs_I, max_new_I, *, copy=copy_pages) -> PagedState:
+    """Start I requests: page copies src_C -> dst_C first (dst a null page: padding; `copy`
+    runs them on each data shard where the pool is split), then slot slots_I[i] continues
+    prefilled row rows_I[i] of `logits_NxV` from lengths_I[i] tokens. Padding repeats the
+    last request (the same values written twice)."""
     keys = jax.vmap(request_key, (None, 0, 0))(step_key, prompt_ids_I, sample_idxs_I)
     return state.replace(
-        pages=copy_pages(state.pages, src_C, dst_C),
+        pages=copy(state.pages, src_C, dst_C),
         lengths=state.lengths.at[slots_I].set(lengths_I),
         logits=state.logits.at[slots_I].set(logits_NxV[rows_I]),
         generated=state.generated.at[slots_I].set(0),
@@ -104,13 +107,13 @@ def stop_fn(state: PagedState, stop_B) -> PagedState:
 
 def decode_step(params, state: PagedState, page_table_BxW, *, config: ModelConfig,
                 sampling: SamplingConfig, eos_ids: tuple[int, ...], attention: str = "gather",
-                blocks=None, vocab_shards: int = 1, kernel=ragged_decode):
+                blocks=None, vocab_shards: int = 1, on_shards=None):
     """engine.decode_step over pages: sample each active slot's token, run the model on it."""
     tokens_B, logprobs_B, valid_B, generated, active = sample_and_stop(
         state, sampling, eos_ids, vocab_shards)
     kv = PagedKV(pages=state.pages, page_table=page_table_BxW, lengths=state.lengths)
     logits, kv = paged_forward(params, config, tokens_B[:, None], kv, valid_B.astype(jnp.int32),
-                               attention=attention, blocks=blocks, kernel=kernel)
+                               attention=attention, blocks=blocks, on_shards=on_shards)
     new_state = state.replace(pages=kv.pages, lengths=kv.lengths, logits=logits[:, 0],
                               generated=generated, active=active)
     return new_state, (tokens_B, logprobs_B, valid_B)
@@ -119,13 +122,13 @@ def decode_step(params, state: PagedState, page_table_BxW, *, config: ModelConfi
 def generate_fn(params, state: PagedState, page_table_BxW, *, config: ModelConfig,
                 sampling: SamplingConfig, eos_ids: tuple[int, ...], num_steps: int,
                 attention: str = "gather", blocks=None, vocab_shards: int = 1,
-                constrain=None, kernel=ragged_decode) -> tuple[PagedState, Chunk]:
+                constrain=None, on_shards=None) -> tuple[PagedState, Chunk]:
     """num_steps decode steps under lax.scan; every live slot's pages must already hold
     its tokens after the chunk (the host grows them first)."""
     def body(s, _):
         return decode_step(params, s, page_table_BxW, config=config, sampling=sampling,
                            eos_ids=eos_ids, attention=attention, blocks=blocks,
-                           vocab_shards=vocab_shards, kernel=kernel)
+                           vocab_shards=vocab_shards, on_shards=on_shards)
 
     state, (tok, lp, valid) = jax.lax.scan(body, state, None, length=num_steps)
     if constrain is not None:
@@ -135,23 +138,31 @@ def generate_fn(params, state: PagedState, page_table_BxW, *, config: ModelConfi
                         window=W)
 
 
-def sharded_kernel(mesh: Mesh, heads_axis):
-    """paged_attention.ragged_decode run on each shard of `mesh` (shard_map): slots over data
-    (each shard's queries, lengths and page-table rows, its own sequence layout) and heads
-    over `heads_axis` as the pool's combined heads (None: every shard reads all heads), so
-    the kernel reads only pages its chip holds and no cache moves between chips."""
+def on_shards(mesh: Mesh, batch_axis, heads_axis):
+    """Run a cache function on each shard of `mesh` (shard_map): each data shard its own
+    slots' rows, queries and pages (the pool split over `batch_axis` with the slots: the
+    page ids are global, the function takes them modulo its slice, `local_pages`), the
+    combined heads over `heads_axis` (None: every shard reads all heads). So a decode step,
+    a prefill and a page copy read and write only pages their chip holds, the Pallas kernel
+    included: no cache moves between chips.
+
+    Returns a wrapper for `paged_attention.attend_pages` (q, k, v, pages, table, start,
+    count) -> (attention, pages), and one for `copy_pages` (pages, src, dst) -> pages."""
     from jax.sharding import PartitionSpec as P
 
-    def call(q_BxHxHd, pages, kv_lens_B, page_table_BxW, **options):
-        batch = shd.spec_for(("batch",), (q_BxHxHd.shape[0],), mesh)[0]
-        return jax.shard_map(
-            functools.partial(ragged_decode, **options), mesh=mesh,
-            in_specs=(P(batch, heads_axis, None), P(None, None, heads_axis, None), P(batch),
-                      P(batch, None)),
-            out_specs=P(batch, heads_axis, None), check_vma=False,
-        )(q_BxHxHd, pages, kv_lens_B, page_table_BxW)
+    b, h = batch_axis, heads_axis
+    heads = P(b, None, h, None)  # q [B, T, H, Hd], k / v [B, T, K, Hd], a pool [P, S, 2K, Hd]
 
-    return call
+    def attend(step):
+        return jax.shard_map(step, mesh=mesh, check_vma=False,
+                             in_specs=(heads, heads, heads, heads, P(b, None), P(b), P(b)),
+                             out_specs=(P(b, None, h), heads))
+
+    def copy(fn):
+        return jax.shard_map(fn, mesh=mesh, check_vma=False, in_specs=(heads, P(b), P(b)),
+                             out_specs=heads)
+
+    return attend, copy
 
 
 class PagedEngine:
@@ -161,16 +172,24 @@ class PagedEngine:
     The same contract as engine.Engine where the Driver reads it (prepare_params,
     check_prompt, check_max_new, max_new_tokens, num_slots, eos_ids, compiles ...); the host
     side is the Driver's paged slots (paged_host.PagedSlots, from `driver_backend`) over a
-    `pages.PageAllocator` of the same num_slots, num_pages, page_size and pages_per_slot.
+    `pages.PageAllocator` of the same num_slots, num_pages, page_size, pages_per_slot and
+    shards.
+
+    On a mesh whose data axis splits the slots, the pool is split with them
+    (`pool_shards` equal ranges of `shard_pages` pages, each with its null page): a data
+    shard's slots hold pages of its own range only, and prefill, attach and generate run
+    their cache work on each shard (`on_shards`), so per chip the pool is the slots it
+    serves, as the dense cache is.
 
     Args (beyond Engine's):
       page_size: tokens per page.
-      num_pages: the pool, null page included; 0: `pages.full_reservation_pages`, where every
+      num_pages: the pool over every data shard, null pages included (rounded up to a
+        multiple of the shards); 0: `pages.full_reservation_pages` per shard, where every
         request is admitted with its worst case reserved and never preempted. Otherwise
         requests are admitted by expected fill (a chunk of lookahead, `watermark` pages kept
         free) and the youngest are preempted when the running ones cannot grow.
-      attention: "gather" (pure JAX, any backend), "kernel" (the Pallas kernel, TPU; run per
-        shard of the mesh by `sharded_kernel`, blocks from `tuned_blocks` for the mesh's chip
+      attention: "gather" (pure JAX, any backend), "kernel" (the Pallas kernel, TPU; run on
+        each shard of the mesh by `on_shards`, blocks from `tuned_blocks` for the mesh's chip
         unless given) or "auto" (the backend's, engine.backend_choices, where head_dim is a
         multiple of 128; else gather).
     Windows: generate reads the first W columns of the page table, W the smallest of
@@ -195,20 +214,31 @@ class PagedEngine:
         self.max_prompt_len = self.prompt_buckets[-1]
         self.pages_per_slot = -(-(self.max_prompt_len + self.max_new_tokens) // self.page_size)
         self.cache_len = self.pages_per_slot * self.page_size
+        # the pool is split over the data shards the slots are split over, in equal ranges
+        self.batch_axis = (None if mesh is None else
+                           shd.spec_for(("batch",), (self.num_slots,), mesh)[0])
+        axes = (self.batch_axis,) if isinstance(self.batch_axis, str) else self.batch_axis or ()
+        self.pool_shards = int(np.prod([mesh.shape[a] for a in axes]))
+        slots_per_shard = self.num_slots // self.pool_shards
         self.full_reservation = not num_pages
-        self.num_pages = int(num_pages) or full_reservation_pages(
-            self.num_slots, self.pages_per_slot, self.max_prompt_len, self.page_size)
+        self.shard_pages = (-(-int(num_pages) // self.pool_shards) if num_pages else
+                            full_reservation_pages(slots_per_shard, self.pages_per_slot,
+                                                   self.max_prompt_len, self.page_size))
+        self.num_pages = self.pool_shards * self.shard_pages
         # admission: the worst case (never preempted), or a chunk ahead with 10% kept free
         self.lookahead = None if self.full_reservation else self.chunk_size
         need = min_pool_pages(self.max_prompt_len, self.max_new_tokens, self.page_size,
                               lookahead=self.lookahead)
-        if self.num_pages - 1 < need:
-            raise ValueError(f"num_pages={self.num_pages} is too small: one request of "
+        if self.shard_pages - 1 < need:
+            split = (f" in each of {self.pool_shards} data shards: pass "
+                     f"{self.pool_shards * (need + 1)} or more" if self.pool_shards > 1 else "")
+            raise ValueError(f"num_pages={num_pages} is too small: one request of "
                              f"{self.max_prompt_len} prompt + {self.max_new_tokens} new tokens "
-                             f"needs {need + 1} pages of {self.page_size} (null page included)")
-        self.watermark = 0 if self.full_reservation else min((self.num_pages - 1) // 10,
-                                                             self.num_pages - 1 - need)
-        self.row_buckets = pow2_buckets(1, max(1, min(int(max_prefill_rows), self.num_slots)))
+                             f"needs {need + 1} pages of {self.page_size} (null page included)"
+                             f"{split}")
+        self.watermark = 0 if self.full_reservation else min((self.shard_pages - 1) // 10,
+                                                             self.shard_pages - 1 - need)
+        self.row_buckets = pow2_buckets(1, max(1, min(int(max_prefill_rows), slots_per_shard)))
         self.insert_buckets = pow2_buckets(1, self.num_slots)
         step = -(-self.pages_per_slot // int(num_windows))
         self.window_buckets = tuple(sorted({min(step * i, self.pages_per_slot)
@@ -216,25 +246,25 @@ class PagedEngine:
         self.choices, self.vocab_shards = sampler_layout(config, self.num_slots, mesh)
         self.attention = ((self.choices.paged_attention if kernel_fits(config) else "gather")
                           if attention == "auto" else attention)
-        kernel = ragged_decode
+        heads = None if mesh is None else self.state_shardings().pages[0].spec[2]
         if self.attention == "kernel":
-            data = 1 if mesh is None else mesh.shape["data"]
-            heads = None if mesh is None else self.state_shardings().pages[0].spec[2]
             device = (jax.local_devices()[0] if mesh is None else mesh.devices.flat[0])
             blocks = blocks or tuned_blocks(
-                config, self.page_size, self.num_slots // data, self.pages_per_slot,
+                config, self.page_size, slots_per_shard, self.pages_per_slot,
                 device_kind=device.device_kind,
                 kv_head_shards=mesh.shape["tensor"] if heads else 1)
-            if mesh is not None and mesh.size > 1:
-                kernel = sharded_kernel(mesh, heads)
         self.blocks = blocks
-        self._prefill = jax.jit(functools.partial(prefill_fn, config=config), donate_argnums=(1,))
-        self._attach = jax.jit(functools.partial(attach_fn), donate_argnums=(0,))
+        attend, copy = (None, copy_pages) if mesh is None or mesh.size == 1 else (
+            on_shards(mesh, self.batch_axis, heads))
+        copy = copy if copy is copy_pages else copy(copy_pages)
+        self._prefill = jax.jit(functools.partial(prefill_fn, config=config, on_shards=attend),
+                                donate_argnums=(1,))
+        self._attach = jax.jit(functools.partial(attach_fn, copy=copy), donate_argnums=(0,))
         self._stop = jax.jit(functools.partial(stop_fn), donate_argnums=(0,))
         self._generate = jax.jit(
             functools.partial(generate_fn, config=config, sampling=self.sampling,
                               eos_ids=self.eos_ids, attention=self.attention, blocks=blocks,
-                              vocab_shards=self.vocab_shards, kernel=kernel,
+                              vocab_shards=self.vocab_shards, on_shards=attend,
                               constrain=self._constrain if mesh is not None else None),
             static_argnames=("num_steps",), donate_argnums=(1,))
         self._sampling_fn = functools.partial(sampling_params, config=config,
@@ -251,12 +281,13 @@ class PagedEngine:
 
     def state_shardings(self) -> PagedState:
         """NamedShardings of the state on the engine's mesh: per-slot vectors split like a
-        batch, each pool over tensor on its combined-head axis 2 when the KV heads divide
-        (a head's key and value stay together), its pages replicated over data."""
+        batch, each pool's pages split the same ways (a data shard holds its slots' pages)
+        and over tensor on its combined-head axis 2 when the KV heads divide (a head's key
+        and value stay together)."""
         assert self.mesh is not None
         c, B = self.config, self.num_slots
         ns = lambda logical, shape: NamedSharding(self.mesh, shd.spec_for(logical, shape, self.mesh))
-        pages = ns((None, None, "kv_heads", None),
+        pages = ns(("batch", None, "kv_heads", None),
                    (self.num_pages, self.page_size, c.num_kv_heads, c.head_dim))
         vec = ns(("batch",), (B,))
         return PagedState(pages=(pages,) * c.num_layers, lengths=vec,
@@ -311,17 +342,25 @@ class PagedEngine:
     init_decode_state = init_state
 
     def prefill(self, params, state: PagedState, prompts: list, prompt_pages: list):
-        """Prefill prompts[i] into prompt_pages[i] (PromptPages). Returns (state, logits)."""
+        """Prefill prompts[i] into prompt_pages[i] (PromptPages; at most row_buckets[-1] of
+        them in any one shard). Returns (state, logits), logits[i] prompts[i]'s. Each
+        prompt's row lies on the data shard that holds its pages: shard s has rows
+        [s * n, (s + 1) * n), n the row bucket of the fullest shard."""
         T = bucket_for(max(len(p) for p in prompts), self.prompt_buckets)
-        N = bucket_for(len(prompts), self.row_buckets)
-        W = -(-T // self.page_size)
+        per_shard = np.bincount([pp.shard for pp in prompt_pages], minlength=self.pool_shards)
+        n = bucket_for(int(per_shard.max()), self.row_buckets)
+        N, W = self.pool_shards * n, -(-T // self.page_size)
         tokens = np.zeros((N, T), np.int32)
         counts = np.zeros((N,), np.int32)  # filler rows: no tokens, nothing written
         table = np.zeros((N, W), np.int32)
+        order = np.zeros((N,), np.int32)
+        taken = np.zeros(self.pool_shards, np.int64)
         for i, (p, pp) in enumerate(zip(prompts, prompt_pages, strict=True)):
-            tokens[i, :len(p)], counts[i] = p, len(p)
-            table[i, :len(pp.pages)] = pp.pages
-        pages, logits = self._prefill(params, state.pages, tokens, counts, table)
+            order[i] = row = pp.shard * n + taken[pp.shard]
+            taken[pp.shard] += 1
+            tokens[row, :len(p)], counts[row] = p, len(p)
+            table[row, :len(pp.pages)] = pp.pages
+        pages, logits = self._prefill(params, state.pages, tokens, counts, table, order)
         return state.replace(pages=pages), logits
 
     def attach(self, state: PagedState, logits, copies, slots, rows, lengths, step_key,
@@ -334,10 +373,15 @@ class PagedEngine:
             xs = np.asarray(xs, dtype)
             return np.concatenate([xs, np.repeat(xs[-1:], pad)]) if pad else xs
 
-        src = np.zeros(bucket_for(max(len(copies), 1), self.insert_buckets), np.int32)
-        dst = np.zeros_like(src)  # NULL: no copy
-        for i, (s, d) in enumerate(copies):
-            src[i], dst[i] = s, d
+        # each data shard copies its own pages: shard s's pairs at [s * C, (s + 1) * C)
+        shard = [d // self.shard_pages for _, d in copies]
+        C = bucket_for(max(np.bincount(shard, minlength=1).max(), 1), self.insert_buckets)
+        src = np.zeros(self.pool_shards * C, np.int32)
+        dst = np.zeros_like(src)  # a null page: no copy
+        taken = np.zeros(self.pool_shards, np.int64)
+        for (s, d), sh in zip(copies, shard, strict=True):
+            src[sh * C + taken[sh]], dst[sh * C + taken[sh]] = s, d
+            taken[sh] += 1
         return self._attach(state, logits, src, dst, arr(slots, np.int32), arr(rows, np.int32),
                             arr(lengths, np.int32), step_key, arr(prompt_ids, np.uint32),
                             arr(sample_idxs, np.uint32), arr(max_new, np.int32))

@@ -15,11 +15,19 @@ which queued requests enter and which running ones leave.
              need. Prompts admitted in this fill are never released before their attach.
   run_chunk  grows every running slot's pages for the chunk's tokens, oldest admission
              first (`grow_or_preempt`; when the pool is short, cached prompts are released
-             first, those no queued request needs before the others); the victims are deactivated on the device and requeued
-             at the front, oldest first, and restart from scratch with the same tokens
-             (token i's key depends only on the request and i). Then one jitted chunk over
-             every slot, reading the first W columns of the page table.
+             first, those no queued request needs before the others); the victims are
+             deactivated on the device and requeued at the front, oldest first, and restart
+             from scratch with the same tokens (token i's key depends only on the request
+             and i). Then one jitted chunk over every slot, reading the first W columns of
+             the page table.
   release    a finished slot's pages go back to the pool (`free`).
+
+Data shards. Where the engine splits its pool over the data shards of its mesh
+(`pool_shards` > 1), each shard's slots take pages of its own range only, and all of the
+above happens per shard: a request enters a shard with a free slot where its prompt is
+already cached (its samples share the prompt's pages there), else the shard with the most
+free pages (a prefill of its own there); eviction and preemption free pages in the shard
+that needs them.
 
 Admission reserves a request's worst case when the engine's pool is sized for it
 (`num_pages` = 0: never preempted) and a chunk's worth plus a watermark otherwise.
@@ -42,9 +50,10 @@ class PagedSlots:
         self.d = driver
         self.engine = e = driver.engine
         self.alloc = PageAllocator(e.num_pages, e.page_size, e.num_slots, e.pages_per_slot,
-                                   watermark=e.watermark)
+                                   shards=e.pool_shards, watermark=e.watermark)
         self.state = e.init_state()
-        # (prompt_id, tokens) -> (PromptPages, prefill logits [N, V], row), least recent first
+        # (prompt_id, tokens, shard) -> (PromptPages, prefill logits [N, V], row), least
+        # recent first
         self._prompts: collections.OrderedDict = collections.OrderedDict()
         self._order: dict[int, int] = {}  # slot -> admission number (larger: younger)
         self._admitted = 0
@@ -64,17 +73,35 @@ class PagedSlots:
         self.alloc.release_prompt(self._prompts.pop(key)[0])
         self.evictions += 1
 
-    def _evict(self, keep: set, needed: set, others: bool) -> bool:
-        """Release the least recent cached prompt not in `keep` (and, unless `others`, not
-        in `needed`). False when there is none."""
+    def _evict(self, shard: int, keep: set, needed: set, others: bool) -> bool:
+        """Release the least recent cached prompt of `shard` not in `keep` (and, unless
+        `others`, not in `needed`). False when there is none."""
         for key in self._prompts:
-            if key not in keep and (others or key not in needed):
+            if key[2] == shard and key not in keep and (others or key[:2] not in needed):
                 self._release(key)
                 return True
         return False
 
     def _queued_keys(self) -> set:
         return {(r.prompt_id, tuple(r.prompt_tokens)) for r in self.d.queued()}
+
+    def _place(self, prompt, n: int, max_new: int, new: dict) -> tuple[int, bool, bool]:
+        """The data shard the queue's head enters, as (shard, prefilled there, fits now):
+        a shard with a free slot where its prompt is cached and it fits; else the one with
+        the most free pages where it fits with a new prefill; else where to make room (its
+        prompt's shard, or the one with the most free pages)."""
+        a, e = self.alloc, self.engine
+        free = sorted({a.shard_of(s) for s in self.d.idle_slots()})
+        cached = [s for s in free if prompt + (s,) in self._prompts or prompt + (s,) in new]
+        for s in cached:
+            if a.can_admit(n, max_new, prefilled=True, lookahead=e.lookahead, shard=s):
+                return s, True, True
+        roomy = sorted(free, key=lambda s: (-a.free_pages(s), s))
+        for s in roomy:
+            if s not in cached and a.can_admit(n, max_new, lookahead=e.lookahead, shard=s):
+                return s, False, True
+        s = cached[0] if cached else roomy[0]
+        return s, s in cached, False
 
     # -- the Driver's backend ----------------------------------------------------
 
@@ -84,19 +111,21 @@ class PagedSlots:
         needed = None
         while (head := d.head()) is not None:
             seq, r = head
-            key = (r.prompt_id, tuple(r.prompt_tokens))
+            prompt = (r.prompt_id, tuple(r.prompt_tokens))
             n, mnt = len(r.prompt_tokens), d.max_new(r)
-            cached = key in self._prompts or key in new
-            if not a.can_admit(n, mnt, prefilled=cached, lookahead=e.lookahead):
+            shard, cached, fits = self._place(prompt, n, mnt, new)
+            key = prompt + (shard,)
+            if not fits:
                 needed = self._queued_keys() if needed is None else needed
-                idle = (not d.running and not starts) or e.full_reservation
-                if self._evict(pinned | {key}, needed, others=idle):
+                idle = e.full_reservation or not any(
+                    a.shard_of(s) == shard for s in [*d.running, *(x[0] for x in starts)])
+                if self._evict(shard, pinned | {key}, needed, others=idle):
                     continue
                 self.deferrals += 1
                 break
-            slot, seq, r = d.admit()
+            slot, seq, r = d.admit(next(s for s in d.idle_slots() if a.shard_of(s) == shard))
             if not cached:
-                new[key] = a.alloc_prompt(n)
+                new[key] = a.alloc_prompt(n, shard)
             pp = new[key] if key in new else self._prompts[key][0]
             ahead = mnt if e.lookahead is None else min(e.lookahead, mnt)
             starts.append((slot, seq, r, key, mnt, a.attach(slot, pp, ahead)))
@@ -104,14 +133,15 @@ class PagedSlots:
             self._order[slot], self._admitted = self._admitted, self._admitted + 1
         if not starts:
             return
-        # One prefill per distinct new prompt, batched by prompt-length bucket.
-        by_bucket: dict[int, list] = collections.defaultdict(list)
+        # One prefill per distinct new prompt, batched by prompt-length bucket, at most a
+        # row bucket's worth per data shard in a call.
+        by_bucket: dict[int, dict] = collections.defaultdict(lambda: collections.defaultdict(list))
         for key in new:
-            by_bucket[bucket_for(len(key[1]), e.prompt_buckets)].append(key)
+            by_bucket[bucket_for(len(key[1]), e.prompt_buckets)][key[2]].append(key)
         rows = e.row_buckets[-1]
-        for keys in by_bucket.values():
-            for i in range(0, len(keys), rows):
-                part = keys[i:i + rows]
+        for shards in by_bucket.values():
+            for i in range(0, max(map(len, shards.values())), rows):
+                part = [k for keys in shards.values() for k in keys[i:i + rows]]
                 self.state, logits = e.prefill(d.params, self.state, [list(k[1]) for k in part],
                                                [new[k] for k in part])
                 d.prefills += 1
@@ -142,14 +172,18 @@ class PagedSlots:
         demands = {slot: min(s.prompt_bucket + len(s.tokens) + K,
                              s.prompt_bucket + d.max_new(s.request))
                    for slot, s in d.running.items()}
-        short = sum(max(0, a.pages_for(t) - int(a.num_held[s])) for s, t in demands.items())
-        needed, others = None, False
-        while short > a.free_pages():  # cached prompts go before a running request does,
-            needed = self._queued_keys() if needed is None else needed  # unwanted ones first
-            if not self._evict(set(), needed, others=others):
-                if others:
-                    break
-                others = True
+        short = collections.Counter()
+        for s, t in demands.items():
+            short[a.shard_of(s)] += max(0, a.pages_for(t) - int(a.num_held[s]))
+        needed = None
+        for shard, pages in short.items():  # cached prompts go before a running request
+            others = False  # does, those no queued request needs first
+            while pages > a.free_pages(shard):
+                needed = self._queued_keys() if needed is None else needed
+                if not self._evict(shard, set(), needed, others=others):
+                    if others:
+                        break
+                    others = True
         victims = grow_or_preempt(a, demands, self._order)
         if victims:
             self.state = e.stop(self.state, victims)

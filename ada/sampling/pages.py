@@ -263,9 +263,9 @@ def slots_that_fit(model_cfg, hbm_bytes_for_kv: float, page_size: int, mean_resp
                    per_slot_bytes: float | None = None, dtype=None) -> dict:
     """Slots that fit `hbm_bytes_for_kv` bytes per chip, dense worst case vs paged at a
     planned mean fill. Per chip: KV heads split `kv_head_shards` ways (tensor), the dense
-    cache's slots `slot_shards` ways (data), the page pool `pool_shards` ways: 1 while every
-    data shard holds the whole pool (the paged engine today, docs/paged.md), slot_shards once
-    pages live with their slots. Slot counts are per mesh.
+    cache's slots `slot_shards` ways (data), the page pool `pool_shards` ways (data too: the
+    paged engine splits its pool with its slots, docs/paged.md; 1 where every data shard
+    would hold the whole pool). Slot counts are per mesh.
 
     worst case: every slot reserves max_prompt_len + max_response_len positions (the dense
       cache; or paging with full reservation).
@@ -289,4 +289,5 @@ def slots_that_fit(model_cfg, hbm_bytes_for_kv: float, page_size: int, mean_resp
                 ratio=mean * pool_shards / max(worst * slot_shards, 1),
                 worst_case_tokens_per_slot=worst_tokens,
                 mean_fill_tokens_per_slot=(shared + own) * page_size, page_bytes=pbytes,
+                headroom=headroom,
                 num_pages=int(hbm_bytes_for_kv // pbytes), token_bytes=token_bytes)
