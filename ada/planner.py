@@ -54,6 +54,7 @@ from jax.sharding import PartitionSpec as P
 from ada import config as cfglib
 from ada import methods, setup
 from ada import sharding as shd
+from ada.bucket_moves import cache_sized_moves
 from ada.config import ConfigError
 from ada.hlo_bytes import EXPLAIN_GROUPS, costings, group_ops, hlo_op_bytes
 from ada.models.hf_config import CheckpointError, read_config
@@ -339,9 +340,16 @@ def plan_paged(config, engine, line: tuple[float, float], hbm: float, mesh: tupl
         kv_head_shards=tensor, slot_shards=data, chunk_size=engine.chunk_size,
         pool_shards=data,  # each data shard holds its own slots' pages (docs/paged.md)
         per_slot_bytes=max(per_slot * data - kv_token * engine.cache_len, 0.0))
-    return dict(fit, page_size=config.sampling.page_size, mean_response_len=mean,
+    return dict(fit, page_size=config.sampling.page_size, mean_response_len=mean, fixed_bytes=fixed,
                 mean_from="sampling.mean_response_len" if config.sampling.mean_response_len
                 else "half of sampling.max_new_tokens (sampling.mean_response_len=0)")
+
+
+def paged_variant(config):
+    """The config with the paged cache and its default pool (every slot's worst case)."""
+    paged = copy.deepcopy(config)
+    paged.sampling.kv_cache, paged.sampling.num_pages = "paged", 0
+    return paged
 
 
 def compiled_paged(config, model_cfg, mesh, params, planned: dict, held: int, hbm: float,
@@ -352,10 +360,9 @@ def compiled_paged(config, model_cfg, mesh, params, planned: dict, held: int, hb
     compiled program's memory (arguments less the weights and the page table). At the
     planned mean fill (`plan_paged`): its slots with the pool it plans for them (each slot's
     pages at the mean fill, `headroom` more kept free, a null page per data shard), checked
-    to fit beside the held train state by the compiler's peak; a miss takes 5% fewer slots
-    (at most four tries)."""
-    paged = copy.deepcopy(config)
-    paged.sampling.kv_cache, paged.sampling.num_pages = "paged", 0
+    to fit beside the held train state by the compiler's peak; a miss redraws the count on
+    the line through the sampler's fixed bytes and that peak (at most four tries)."""
+    paged = paged_variant(config)
     engine = setup.make_engine(paged, model_cfg, None, mesh)
     log(f"the paged generate at {engine.num_slots} slots ({engine.attention})")
     table = engine.num_slots * engine.pages_per_slot * 4  # the page table, int32, replicated
@@ -376,17 +383,20 @@ def compiled_paged(config, model_cfg, mesh, params, planned: dict, held: int, hb
         if fits(dict(fig, held_bytes=held), hbm):
             return dict(out, max_slots_at_mean_fill=slots, mean_fill_num_pages=engine.num_pages,
                         mean_fill_peak_bytes=fig["peak_bytes"])
-        slots = int(slots * 0.95) // data * data
+        per_slot_bytes = max(fig["peak_bytes"] - planned["fixed_bytes"], 1) / slots
+        slots = min(int((hbm - held - planned["fixed_bytes"]) / per_slot_bytes),
+                    int(slots * 0.98)) // data * data
     return dict(out, max_slots_at_mean_fill=None)
 
 
 def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
-              hbm: float | None, log, train_estimate: bool) -> dict:
+              hbm: float | None, log, train_estimate: bool, buckets: bool = False) -> dict:
     """`host`: one host's devices (on CPU `devices` themselves, on TPU a one-host slice).
     The programs compiled are the dense cache's (the paged generate's attention is a kernel
     whose reads the compiler cannot count); the paged cache's slots are planned beside them
     (`plan_paged`). `log(program)` is called as each program starts compiling (ada.cli.plan's
-    progress line)."""
+    progress line). `buckets`: also compile every bucket of the dense and the paged engine and
+    count the cache-sized moves between chips in them (ada.bucket_moves)."""
     config = copy.deepcopy(config)
     config.sampling.kv_cache = "dense"
     n, first = len(devices), [d for d in devices if d.process_index == 0]
@@ -439,6 +449,10 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
             ph["generate"]["arguments_bytes"] - device_bytes(params)))
         p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]
         p["fits"] = all(fits(f, hbm) for f in ph.values())
+    if buckets:
+        paged = setup.make_engine(paged_variant(config), model_cfg, None, sampling_mesh)
+        p["buckets"] = cache_sized_moves([engine, paged], params, lambda name: log(
+            f"the bucket {name}"))
     slots = engine.num_slots if fits(ph["generate"], hbm or math.inf) else p["max_num_slots"]
     if chip and slots:
         probe = generate_at(slots, 1, ops=True)

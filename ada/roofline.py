@@ -66,12 +66,13 @@ def prefill_floor(engine, params, rows: int, prompt_len: int) -> dict:
     return dict(floor, total=sum(floor.values()))
 
 def paged_estimate(paged: dict, engine, params, probe: dict, chip: str) -> dict:
-    """The decode roofline at the paged slot count, analytic (the kernel hides its reads from
-    the compiler's count): the weights once, the pages the kernel reads at the mean fill
+    """The decode roofline at the paged slot count (the compiled mean-fill count where the
+    plan has one), analytic (the kernel hides its reads from the compiler's count): the weights once, the pages the kernel reads at the mean fill
     (whole page blocks, `kernel_read_bytes`) and the logits; the flops of the dense probe
     (every slot attending to the whole cache) scaled to these slots, an upper bound."""
     c, mesh = engine.config, engine.mesh.shape
-    slots = paged["mean_fill_slots"] // mesh["data"]  # each chip's share of the KV reads
+    host = paged.get("max_slots_at_mean_fill") or paged["mean_fill_slots"]  # compiled, or planned
+    slots = host // mesh["data"]  # each chip's share of the KV reads
     page = paged["page_size"]
     blocks, _ = tuned_blocks(c, page, slots, -(-engine.cache_len // page),
                              device_kind=DEVICE_KINDS[chip], kv_head_shards=mesh["tensor"])
@@ -81,8 +82,8 @@ def paged_estimate(paged: dict, engine, params, probe: dict, chip: str) -> dict:
     flops = probe["flops"] * slots / (probe["num_slots"] // mesh["data"])
     peak, _, bandwidth = CHIPS[chip]
     chips = mesh["data"] * mesh["tensor"]  # a step makes a token per slot of the host
-    return dict(num_slots=paged["mean_fill_slots"], bytes=total, kv_bytes=kv,
-                tokens_per_s_per_chip=paged["mean_fill_slots"] / chips
+    return dict(num_slots=host, bytes=total, kv_bytes=kv,
+                tokens_per_s_per_chip=host / chips
                 / max(flops / peak, total / bandwidth),
                 bound="flops" if flops / peak > total / bandwidth else "bytes")
 

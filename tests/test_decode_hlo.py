@@ -186,32 +186,17 @@ def test_moves_are_told_apart():
         ("copy-start", False), ("copy", True), ("copy", False), ("transpose", True)]
 
 
-def kv_moves(hlo: str, limit: int, head_dim: int, copies: bool) -> list[str]:
-    """Collectives (and, with `copies`, plain copies: not the copy-starts that stage a buffer
-    into on-chip memory) of a key / value buffer of `limit` bytes or more: arrays of 4 or
-    more dims whose minor dim is head_dim (caches, pools, a prompt's new keys and values).
-    The tensor-parallel all-reduces of the activations ([.., hidden]) are not moves."""
-    out = []
-    for line in hlo.splitlines():
-        m = re.search(r"= (.+?) (all-gather|all-to-all|collective-permute|all-reduce|"
-                      r"reduce-scatter|copy)(-start)?\(", line)
-        if not m or (m.group(2) == "copy" and (m.group(3) or not copies)):
-            continue
-        kv = [size for size, dims, _ in _arrays(m.group(1))
-              if dims.count(",") >= 3 and dims.endswith(f",{head_dim}")]
-        if any(size >= limit for size in kv):
-            out.append(f"{m.group(2)} {m.group(1)[:120]}")
-    return out
-
-
 def test_v5e_no_cache_moves_between_chips_in_any_bucket():
     """Every program a sampler compiles on a data 2 x tensor 2 v5e slice, dense and paged,
-    for every bucket: generate at each window (slot bucketing asked for, and dropped: the
-    first b slots of a batch-split cache lie on the first shards, and a chunk on them moved
-    every layer's cache between chips), prefill at the smallest and largest row bucket,
-    insert / attach at every count. None holds a collective of a cache, a pool or a prompt's
-    keys and values; generate, insert and attach hold no plain copy of one either (prefill
-    lays its prompt's new keys and values out as the cache holds them: a copy on the chip)."""
+    for every bucket (ada.bucket_moves): generate at each window (slot bucketing asked for,
+    and dropped: the first b slots of a batch-split cache lie on the first shards, and a
+    chunk on them moved every layer's cache between chips), prefill at the smallest and
+    largest row bucket, insert / attach at every count. None holds a collective of a cache,
+    a pool or a prompt's keys and values; generate, insert and attach hold no plain copy of
+    one either (prefill lays its prompt's new keys and values out as the cache holds them: a
+    copy on the chip). The paged pool is split over data with its slots; without its
+    shard_map (paged.on_shards) the same generate all-reduces every layer's gathered pages."""
+    from ada.bucket_moves import cache_sized_moves
     from ada.sampling.paged import PagedEngine
 
     try:
@@ -219,56 +204,39 @@ def test_v5e_no_cache_moves_between_chips_in_any_bucket():
     except tpu.SliceError as e:
         pytest.skip(f"libtpu is not usable here: {e}")
     mesh = shd.make_mesh((2, 1, 2), devices)
-    S = jax.ShapeDtypeStruct
-    i32 = lambda *shape: S(shape, jnp.int32)
-    u32 = lambda *shape: S(shape, jnp.uint32)
-    put = lambda tree, shardings: jax.tree.map(
-        lambda x, s: S(x.shape, x.dtype, sharding=s), tree, shardings)
     stacked = jax.eval_shape(lambda: jax.tree.map(
         lambda s: jnp.zeros(s, jnp.bfloat16), param_shapes(CONFIG),
         is_leaf=lambda x: isinstance(x, tuple)))
-    Hd, found = CONFIG.head_dim, []
     dense = Engine(CONFIG, num_slots=SLOTS, max_prompt_len=PROMPT, max_new_tokens=NEW,
                    chunk_size=STEPS, mesh=mesh, slot_bucketing=True)
     assert dense.slot_buckets == (SLOTS,)
     paged = PagedEngine(CONFIG, num_slots=SLOTS, max_prompt_len=PROMPT, max_new_tokens=NEW,
                         chunk_size=STEPS, mesh=mesh, page_size=16, attention="auto")
     assert paged.attention == "kernel" and paged.pool_shards == 2
-    per_chip_heads = CONFIG.num_kv_heads // 2
-    for eng in (dense, paged):
-        sp = jax.eval_shape(eng._sampling_fn, stacked)
-        params = put(sp, shd.param_shardings(sp, mesh))
-        P = eng.prompt_buckets[-1]
-        layer = SLOTS // 2 * per_chip_heads * eng.cache_len * Hd * 2  # a layer's keys, a chip
-        if eng is dense:
-            state = put(jax.eval_shape(eng.init_decode_state), eng.state_shardings())
-            programs = [(f"generate window {w}", True, layer, eng._generate.lower(
-                params, state, num_steps=STEPS, num_slots=SLOTS, window=w))
-                for w in eng.window_buckets]
-            for N in (eng.row_buckets[0], eng.row_buckets[-1]):
-                args = (params, S((N, P), jnp.int32), S((N, P), bool))
-                programs.append((f"prefill {N}", False, N * P * per_chip_heads * Hd * 2,
-                                 eng._prefill.lower(*args)))
-                prefix = jax.eval_shape(eng._prefill, *args)
-            programs += [(f"insert {n}", True, layer, eng._insert_many.lower(
-                prefix, state, i32(n), i32(n), u32(2), u32(n), u32(n), i32(n)))
-                for n in eng.insert_buckets]
-        else:
-            state = eng.abstract_state()
-            with eng._kernel_mesh():
-                programs = [(f"paged generate window {w}", True, layer, eng._generate.lower(
-                    params, state, i32(SLOTS, w), num_steps=STEPS))
-                    for w in eng.window_buckets]
-            D = eng.pool_shards  # prefill rows and page copies: a bucket per data shard
-            programs += [(f"paged prefill {n} a shard", False, n * P * per_chip_heads * Hd * 2,
-                          eng._prefill.lower(params, state.pages, i32(D * n, P), i32(D * n),
-                                             i32(D * n, P // eng.page_size), i32(D * n)))
-                         for n in (eng.row_buckets[0], eng.row_buckets[-1])]
-            programs += [(f"attach {n}", True, layer, eng._attach.lower(
-                state, S((D * eng.row_buckets[-1], CONFIG.vocab_size), jnp.float32), i32(D * n),
-                i32(D * n), i32(n), i32(n), i32(n), u32(2), u32(n), u32(n), i32(n)))
-                for n in eng.insert_buckets]
-        for name, copies, limit, lowered in programs:
-            found += [f"{name}: {m}" for m in kv_moves(lowered.compile().as_text(), limit, Hd,
-                                                       copies)]
-    assert not found, "\n".join(found[:8])
+    sp = jax.eval_shape(dense._sampling_fn, stacked)
+    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          sp, shd.param_shardings(sp, mesh))
+    got = cache_sized_moves([dense, paged], params)
+    windows, inserts = len(dense.window_buckets), len(dense.insert_buckets)
+    assert got["programs"] == 2 * (windows + 2 + inserts), got
+    assert got["cache_sized_moves"] == 0, "\n".join(got["found"])
+
+
+def test_kv_moves_sees_a_cache_moved_between_chips():
+    """The count is not vacuous: a cache split over data and gathered onto every chip shows
+    as an all-gather of a cache-sized buffer; its tensor-parallel activations' all-reduce
+    ([.., hidden]) and a smaller buffer do not count."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from ada.bucket_moves import kv_moves
+
+    mesh = shd.make_mesh((2, 1, 2), jax.devices("cpu")[:4])
+    cache = jax.ShapeDtypeStruct((SLOTS, 2, PROMPT, 128), jnp.float32,
+                                 sharding=NamedSharding(mesh, P("data")))
+    gather = jax.jit(lambda x: x * 2, out_shardings=NamedSharding(mesh, P()))
+    hlo = gather.lower(cache).compile().as_text()
+    size = SLOTS // 2 * 2 * PROMPT * 128 * 4  # one chip's share
+    assert len(kv_moves(hlo, size, 128, copies=False)) == 1
+    assert kv_moves(hlo, 4 * size, 128, copies=False) == []  # below the size asked
+    assert kv_moves(hlo, size, 64, copies=False) == []  # not a key / value buffer

@@ -178,6 +178,11 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                 f"{pg['max_slots_at_mean_fill'] / p['dense']['max_slots']:.1f}x the dense "
                 f"cache's {p['dense']['max_slots']}" if pg["max_slots_at_mean_fill"] else
                 "no count near the planned one fit (four compiles)"))
+    if b := p.get("buckets"):
+        out.append(f"buckets: {b['collectives']} collectives between chips and {b['copies']} "
+                   f"copies on a chip of a cache-sized buffer over the {b['programs']} "
+                   "programs of every bucket, dense and paged"
+                   + "".join(f"\n  {m}" for m in b["found"]))
     if e := p.get("estimate"):
         f = lambda key, spec, scale=1: "-" if e[key] is None else format(e[key] * scale, spec)
         out += ["ESTIMATE (roofline bound from the compiler's costs, not measured; '-': no fit):",
@@ -221,6 +226,9 @@ def main(argv=None) -> int:
     ap.add_argument("--explain", type=int, nargs="?", const=15, default=0, metavar="N",
                     help="also list the decode step's and the prefill's N heaviest op groups "
                          "by HBM bytes (default 15), from the optimized programs")
+    ap.add_argument("--buckets", action="store_true", help="also compile every bucket of the "
+                    "dense and the paged sampler (generate at each slot and window bucket, "
+                    "prefill, insert / attach) and count the cache-sized moves between chips")
     try:
         overrides, rest = cfglib.parse_override_args(sys.argv[1:] if argv is None else argv)
         args = ap.parse_args(rest)
@@ -238,7 +246,8 @@ def main(argv=None) -> int:
         progress = Progress()
         try:
             p = make_plan(config, model_cfg, devices, host, args.topology or f"{args.devices} "
-                          "CPU devices", chip, hbm, progress, not args.no_train_estimate)
+                          "CPU devices", chip, hbm, progress, not args.no_train_estimate,
+                          args.buckets)
         finally:
             progress.close()
     except (ConfigError, SliceError) as e:
