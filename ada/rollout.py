@@ -53,7 +53,12 @@ class Rollout:
             more = None
             if self.collect_cfg.dynamic_sampling:
                 more = itertools.chain.from_iterable(more_prompts or ())
-            return collector.collect(prompts, jax.random.fold_in(key, 1), more_prompts=more)
+            out = collector.collect(prompts, jax.random.fold_in(key, 1), more_prompts=more)
+        stats = driver.stats()  # what the sampler prefilled and copied for it
+        out.metrics.update(prefilled_prompts=stats["prefilled_prompts"],
+                           prefilled_tokens=stats["prefilled_tokens"],
+                           page_copies=stats.get("page_copies", 0))
+        return out
 
     def sample(self, params, records: Sequence[dict], k: int, key,
                prompt_ids: Iterable[int]) -> list[list[Completion]]:

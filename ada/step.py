@@ -97,12 +97,14 @@ def step_metrics(collected: Collected, train_m: dict) -> dict:
          cm.get("samples", collected.samples.sum()), collected.done.sum(), sum(lengths),
          len(lengths), cm.get("reward_failures", 0), collected.pool.pos.sum(),
          (collected.pool.pos + collected.pool.neg).sum(), cm.get("round0_reward_sum", 0.0),
-         cm.get("round0_samples", 0)], active, lack_pos, lack_neg]).astype(np.float64)
+         cm.get("round0_samples", 0), cm.get("prefilled_prompts", 0),
+         cm.get("prefilled_tokens", 0), cm.get("page_copies", 0)], active, lack_pos,
+        lack_neg]).astype(np.float64)
     rounds_per_process = distributed.allgather(np.int64(len(collected.rounds)))
     g = distributed.global_sum(local)
     (Pg, rsum, nvalid, zero_var, samples, done, toks, nresp, fails, pos, seen, r0sum,
-     r0n) = g[:13]
-    act, lack_pos, lack_neg = np.split(g[13:], 3)
+     r0n, prefilled, prefill_tokens, copies) = g[:16]
+    act, lack_pos, lack_neg = np.split(g[16:], 3)
     last_round = int(np.max(np.nonzero(act)[0]) + 1) if act.any() else 1
     m = {
         "reward_round0_mean": r0sum / max(r0n, 1),  # the policy's accuracy on this batch
@@ -122,6 +124,11 @@ def step_metrics(collected: Collected, train_m: dict) -> dict:
         "lacking_neg_per_round": [int(a) for a in lack_neg[:last_round]],
         "lacking_pos_share_round0": lack_pos[0] / max(act[0], 1),
         "lacking_neg_share_round0": lack_neg[0] / max(act[0], 1),
+        # the sampler's prefill work for the collection (a prompt kept across rounds is
+        # prefilled once: Driver.keep_prompts) and the paged cache's partial-page copies
+        "prefilled_prompts": prefilled,
+        "prefill_tokens": prefill_tokens,
+        "page_copies": copies,
     }
     m.update({k: float(v) for k, v in train_m.items()})
     return m

@@ -190,3 +190,37 @@ def test_rl_run_with_paged_sampling(tmp_path, monkeypatch):
     rows = read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))
     assert [r["step"] for r in rows] == [0, 1, 2] and "eval_accuracy" in rows[2]
     assert all(np.isfinite(r["reward_mean"]) for r in rows[1:]) and chunks
+
+
+@pytest.mark.parametrize("scheduler", ["rounds", "continuous"])
+def test_prompts_kept_across_rounds_are_prefilled_once(scheduler):
+    """A collection whose prompts stay active for every round (no response is ever correct)
+    on a paged Driver whose prefix LRU holds one prompt: the Collector keeps its active
+    prompts (Driver.keep_prompts), so each is prefilled once and later rounds attach to its
+    pages; with keeping turned off the LRU evicts them and every round prefills again. The
+    responses are the same either way (a prompt's pages hold the same keys and values)."""
+    from ada.adaptive.collect import CollectConfig, Collector
+
+    c = preset("tiny", family="qwen2")
+    params = random_params(c, seed=5)
+    prompts = [{"tokens": list(range(3 + i, 15 + i))} for i in range(4)]  # 12 tokens each
+    cfg = CollectConfig(rule="balance", n=4, samples_per_round=2, max_rounds=3,
+                        scheduler=scheduler)
+    runs = {}
+    for keep in (True, False):
+        eng = PagedEngine(c, page_size=8, sampling=SamplingConfig(temperature=1.0), **ENGINE)
+        drv = Driver(eng, params, step_key=11, prefix_cache_size=1)
+        if not keep:
+            drv.keep_prompts = lambda ids: None
+        col = Collector(cfg, lambda prompt, text: 0.0, driver=drv, make_request=lambda r: Request(
+            r.prompt["tokens"], r.prompt_id, r.sample_idx, max_new_tokens=6))
+        out = col.collect(prompts, jax.random.PRNGKey(0))
+        tokens = sorted((x.prompt_id, x.sample_idx, tuple(x.token_ids))
+                        for p in out.completions for x in p if x is not None)
+        runs[keep] = (drv.stats(), tokens, int(out.samples.sum()))
+    (kept, tok_kept, drawn), (lru, tok_lru, _) = runs[True], runs[False]
+    assert drawn == 4 * 2 * 3 and all(t[2] for t in tok_kept)  # every prompt, every round
+    assert kept["prefilled_prompts"] == 4 and kept["prefilled_tokens"] == 4 * 12
+    assert lru["prefilled_prompts"] > 4, lru
+    assert kept["page_copies"] == drawn  # each sample copies the partial last prompt page
+    assert tok_kept == tok_lru

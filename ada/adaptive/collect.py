@@ -14,6 +14,7 @@ scored into its pool when they arrive (they count in its statistics and may be s
 
 The engine is a slot driver (duck-typed; rounds drain it one round at a time):
   driver.submit(engine_request); driver.free_slots() -> int; driver.step() -> [completion]
+  driver.keep_prompts(prompt_ids): the prompts still active, whose prefill is worth keeping
   make_request(SampleRequest) -> engine_request           (default: the request itself)
 A completion needs `.prompt_id`, `.sample_idx` (echoed from the request) and `.text`.
 reward_fn(prompt_record, text) -> float (or reward_fn(prompt_record, completion) with
@@ -287,6 +288,7 @@ class Collector:
             if active.size == 0:
                 break
             t0 = time.perf_counter()
+            self.driver.keep_prompts(active + offset)
             reqs = [SampleRequest(int(p) + offset, pool.next_sample_idx(int(p)), prompts[p])
                     for p in active for _ in range(cfg.samples_per_round)]
             completions, scored = self._generate_scored(reqs, prompts, offset)
@@ -302,6 +304,7 @@ class Collector:
                             **self._lacking(pool, active),
                             reward_mean=float(np.mean(rewards)),
                             seconds=time.perf_counter() - t0))
+        self.driver.keep_prompts(())
         return out
 
     def _lacking(self, pool: Pool, prompts) -> dict:
@@ -334,6 +337,7 @@ class Collector:
         done = np.zeros(pool.num_prompts, bool)
         t0, rewards, steps = time.perf_counter(), [], 0
         while True:
+            drv.keep_prompts(np.flatnonzero(~done & (pool.dispatched < cfg.budget)) + offset)
             free = drv.free_slots()
             picks = self.policy.pick(free, done, pool.dispatched, pool.inflight, s.pos, s.neg)
             for p in picks:
@@ -351,6 +355,7 @@ class Collector:
                     counters["late_samples"] += 1
                 elif self._rule(s.pos[p], s.neg[p], s.seen[p], cfg.n):
                     done[p] = True
+        drv.keep_prompts(())
         return [dict(round=0, active_prompts=pool.num_prompts, completed=int(done.sum()),
                      finished=int(done.sum()), samples=int(pool.dispatched.sum()),
                      **self._lacking(pool, np.arange(pool.num_prompts)),

@@ -77,6 +77,9 @@ class SimulatedDriver:
     def free_slots(self) -> int:
         return self.num_slots - len(self._slots)
 
+    def keep_prompts(self, prompt_ids) -> None:
+        """Nothing to keep: a simulated draw has no prefill."""
+
     def submit(self, request) -> None:
         if not self.free_slots():
             raise RuntimeError("submit() with no free slot; check free_slots() first")

@@ -71,6 +71,7 @@ class DenseSlots:
                 prefix = self.engine.prefill(d.params, [list(k[1]) for k in part])
                 d.prefills += 1
                 d.prefilled_prompts += len(part)
+                d.prefilled_tokens += sum(len(k[1]) for k in part)
                 for row, key in enumerate(part):
                     self._remember(key, prefix, row)
                     found[key] = (prefix, row)

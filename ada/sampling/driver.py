@@ -127,6 +127,8 @@ class Driver:
         self.attended_positions = 0  # sum over chunks of the attention window
         self.prefills = 0
         self.prefilled_prompts = 0
+        self.prefilled_tokens = 0
+        self.kept_prompts: frozenset[int] = frozenset()
         self.backend: SlotBackend = engine.driver_backend(self)
 
     @property
@@ -163,6 +165,15 @@ class Driver:
             return seq
         self._queue.append((seq, request))
         return seq
+
+    def keep_prompts(self, prompt_ids) -> None:
+        """The prompts still active in an adaptive collection: the paged backend keeps their
+        prefilled pages past the prefix LRU (`prefix_cache_size`) until they leave this set,
+        so a later round neither prefills them again nor copies their full pages; under page
+        pressure they are released after the prompts nobody keeps. The dense backend keeps
+        to its LRU: its prefixes are device memory outside any budget (the paper's 1.5B
+        holds ~29 MB per 1,024-token prompt)."""
+        self.kept_prompts = frozenset(int(p) for p in prompt_ids)
 
     def max_new(self, request: Request) -> int:
         return (self.engine.max_new_tokens if request.max_new_tokens is None
@@ -204,6 +215,7 @@ class Driver:
             / self.engine.cache_len,
             "prefill_calls": self.prefills,
             "prefilled_prompts": self.prefilled_prompts,
+            "prefilled_tokens": self.prefilled_tokens,
             "compiles": self.engine.compiles(),
             **self.backend.stats(),
         }

@@ -60,11 +60,12 @@ class PagedSlots:
         self.preemptions = 0
         self.deferrals = 0
         self.evictions = 0
+        self.page_copies = 0
 
     def stats(self) -> dict:
         a = self.alloc
         return {"preemptions": self.preemptions, "deferrals": self.deferrals,
-                "prompt_evictions": self.evictions,
+                "prompt_evictions": self.evictions, "page_copies": self.page_copies,
                 "pages_in_use": a.num_pages - a.shards - sum(map(len, a._free))}
 
     # -- the prefix cache --------------------------------------------------------
@@ -75,11 +76,14 @@ class PagedSlots:
 
     def _evict(self, shard: int, keep: set, needed: set, others: bool) -> bool:
         """Release the least recent cached prompt of `shard` not in `keep` (and, unless
-        `others`, not in `needed`). False when there is none."""
-        for key in self._prompts:
-            if key[2] == shard and key not in keep and (others or key[:2] not in needed):
-                self._release(key)
-                return True
+        `others`, not in `needed`), one the Driver is not asked to keep (`keep_prompts`)
+        first. False when there is none."""
+        allowed = [key for key in self._prompts if key[2] == shard and key not in keep
+                   and (others or key[:2] not in needed)]
+        kept = self.d.kept_prompts
+        for key in sorted(allowed, key=lambda k: k[0] in kept):  # stable: LRU order within
+            self._release(key)
+            return True
         return False
 
     def _queued_keys(self) -> set:
@@ -146,6 +150,7 @@ class PagedSlots:
                                                [new[k] for k in part])
                 d.prefills += 1
                 d.prefilled_prompts += len(part)
+                d.prefilled_tokens += sum(len(k[1]) for k in part)
                 for row, key in enumerate(part):
                     self._prompts[key] = (new[key], logits, row)
         # One attach call per prefill call (its logits) for all its requests.
@@ -161,8 +166,10 @@ class PagedSlots:
             slots, rows, lengths, pids, sidxs, mnts = zip(*entries, strict=True)
             self.state = e.attach(self.state, logits, copies, slots, rows, lengths, d.step_key,
                                   pids, sidxs, mnts)
-        while len(self._prompts) > d.prefix_cache_size:  # after the attaches' copies
-            self._release(next(iter(self._prompts)))
+            self.page_copies += len(copies)
+        over = len(self._prompts) - d.prefix_cache_size  # after the attaches' copies
+        for key in [k for k in self._prompts if k[0] not in d.kept_prompts][:max(over, 0)]:
+            self._release(key)
 
     def run_chunk(self):
         """Grow or preempt, then one chunk over every slot: host (tokens, logprobs, valid,
