@@ -1,7 +1,8 @@
-"""A host dies mid-run: two local processes (jax.distributed, CPU, gloo) train together and
-one is SIGKILLed while the other is in its next step (collection or update). The survivor
-must exit non-zero within distributed.timeout_s (+ a tenth of it, + a second) with one line
-naming the lost process, and never hang (docs/reliability.md).
+"""Multi-process faults, two local processes (jax.distributed, CPU, gloo): a host dies
+mid-run (SIGKILL), the coordinator dies, one process raises, one gets SIGTERM, one is frozen
+(SIGSTOP) and resumed. A survivor never hangs: it exits within distributed.timeout_s of a
+loss, within seconds of a peer's failure, with one line naming the process; every host
+stops a preemption at the same step, exit 143 (docs/reliability.md).
 """
 
 import json
@@ -13,6 +14,7 @@ import time
 
 from test_multihost import _cmd, _data, _env, _free_port
 
+from ada.checkpoint import complete_steps
 from ada.metrics import read_jsonl
 
 TIMEOUT_S = 5  # distributed.timeout_s of the test (the default is 300)
@@ -57,36 +59,155 @@ def test_a_lost_process_ends_the_other_within_the_timeout(tmp_path):
 
 _IDLE = """
 import sys, time
-from ada import distributed
+from ada import distributed, watch
 distributed.initialize(timeout_s=float(sys.argv[1]))
+assert watch._WATCH is not None, "no heartbeat watch"
 print("ready", flush=True)
 time.sleep(120)
 """
 
 
-def test_a_lost_coordinator_ends_the_others_with_one_line(tmp_path):
-    """Process 0 (the coordinator) SIGKILLed: jax's coordination agent in process 1 aborts it
-    at once; ada's stderr filter turns its stack dump into one line naming process 0."""
+def _idle_pair(timeout_s):
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", _IDLE, str(TIMEOUT_S)],
+    procs = [subprocess.Popen([sys.executable, "-c", _IDLE, str(timeout_s)],
                               env=_env(1, ADA_COORDINATOR=f"localhost:{port}",
                                        ADA_NUM_PROCESSES="2", ADA_PROCESS_ID=str(i)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready", p.communicate()[1][-3000:]
+    return procs
+
+
+def _end(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_a_lost_coordinator_ends_the_others_with_one_line(tmp_path):
+    """Process 0 (the coordinator) SIGKILLed: jax's coordination agent in process 1 aborts it
+    at once; ada's stderr filter turns its stack dump into one line naming process 0."""
+    procs = _idle_pair(TIMEOUT_S)
     try:
-        for p in procs:
-            assert p.stdout.readline().strip() == "ready", p.communicate()[1][-3000:]
         procs[0].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         _, err = procs[1].communicate(timeout=120)
         waited = time.monotonic() - killed
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        _end(procs)
     assert procs[1].returncode != 0 and waited < BOUND_S + 5, (waited, err[-3000:])
     assert [ln for ln in err.splitlines() if ln.strip()] == [
         "error: process 0 (the coordinator) of 2 is lost (jax.distributed's coordination "
         "service reports it); process 1 of 2 stops too; rerun the same command on every host "
         "to resume from the latest checkpoint"], err[-3000:]
+
+
+def test_a_process_frozen_past_the_timeout_reports_its_own_stall(tmp_path):
+    """SIGSTOP for 2 x timeout_s, then SIGCONT, once for process 1 and once for process 0 (the
+    coordinator): the frozen one says it was stalled, never that its peer is lost; the peer
+    reports it lost. A freeze shorter than the timeout is survived by both."""
+    t = 3
+    pairs = {frozen: _idle_pair(t) for frozen in (0, 1, "short")}
+    try:
+        for frozen, procs in pairs.items():
+            procs[1 if frozen == "short" else frozen].send_signal(signal.SIGSTOP)
+        time.sleep(0.8 * t)
+        pairs["short"][1].send_signal(signal.SIGCONT)
+        time.sleep(1.2 * t)
+        for frozen in (0, 1):
+            pairs[frozen][frozen].send_signal(signal.SIGCONT)
+        errs = {frozen: [p.communicate(timeout=30)[1] for p in pairs[frozen]] for frozen in (0, 1)}
+        assert all(p.poll() is None for p in pairs["short"]), pairs["short"][1].communicate()
+    finally:
+        for procs in pairs.values():
+            _end(procs)
+    for frozen in (0, 1):
+        own, peer = errs[frozen][frozen], errs[frozen][1 - frozen]
+        assert pairs[frozen][frozen].returncode == 1, own[-3000:]
+        assert [ln for ln in own.splitlines() if ln.strip()] == [
+            f"error: process {frozen} of 2 (this one) was stalled for 6 s (a frozen host, or a "
+            f"long call holding the GIL), longer than distributed.timeout_s={t}: the others "
+            f"count it as lost; process {frozen} of 2 stops too; rerun the same command on every "
+            "host to resume from the latest checkpoint"], own[-3000:]
+        assert pairs[frozen][1 - frozen].returncode == 1 and "is lost" in peer, peer[-3000:]
+        assert f"process {frozen}" in peer.split("is lost")[0], peer[-3000:]
+
+
+def test_the_jax_internal_the_watch_reads_is_there():
+    """ada/watch.py: coordination_client reads jax._src.distributed.global_state.client, and
+    the watch calls key_value_set / key_value_dir_get on it: if jax moves either, this fails
+    (the watch itself would only degrade to a warning)."""
+    from jax._src import distributed as jax_distributed
+    from jax._src.lib import _jax
+
+    assert hasattr(jax_distributed.global_state, "client")
+    for method in ("key_value_set", "key_value_dir_get"):
+        assert hasattr(_jax.DistributedRuntimeClient, method), method
+
+
+def test_sigterm_on_one_host_stops_both_at_one_step_and_a_crash_ends_both(tmp_path):
+    """SIGTERM to process 1 only: both stop after the same step with one checkpoint, exit 143.
+    The same commands resume; process 1 then raises (ADA_FAULT=loop.raise@STEP): process 0,
+    blocked in the step's collectives, exits 1 within seconds (at the default
+    distributed.timeout_s of 300 s) with one line naming process 1 and its error."""
+    data, cache = _data(tmp_path), str(tmp_path / "cache")
+    wd = str(tmp_path / "run")
+    extra = {"sampling.mesh": "(1,1)", "train.steps": 50, "checkpoint.every": 100}
+
+    def start(port, fault=""):
+        return [subprocess.Popen(
+            _cmd(data, wd, cache, **extra),
+            env=_env(1, ADA_COORDINATOR=f"localhost:{port}", ADA_NUM_PROCESSES="2",
+                     ADA_PROCESS_ID=str(i), JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax"),
+                     **({"ADA_FAULT": fault} if i == 1 and fault else {})),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+    procs = start(_free_port())
+    try:
+        _await_step(wd, 1, procs)
+        procs[1].send_signal(signal.SIGTERM)
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        _end(procs)
+    assert [p.returncode for p in procs] == [143, 143], errs[0][-3000:] + errs[1][-3000:]
+    (stop,) = complete_steps(os.path.join(wd, "checkpoints"))  # one step, written by both
+    (line,) = [ln for ln in errs[0].splitlines() if ln.startswith("SIGTERM")]
+    assert line.startswith(f"SIGTERM: stopped after step {stop} (checkpoint {wd}/checkpoints/"
+                           f"{stop}); resume with: python -m ada.runner"), errs[0][-3000:]
+
+    crash = stop + 2
+    procs = start(_free_port(), f"loop.raise@{crash}")
+    try:
+        _await_step(wd, crash - 1, procs)
+        while procs[1].poll() is None:
+            assert procs[0].poll() is None, procs[0].communicate()[1][-3000:]
+            time.sleep(0.02)
+        raised = time.monotonic()
+        _, err = procs[0].communicate(timeout=120)  # a hang fails here
+        waited = time.monotonic() - raised
+    finally:
+        _end(procs)
+    print(json.dumps({"peer_exit_after_crash_s": round(waited, 2)}))
+    assert procs[1].returncode == 1 and procs[0].returncode == 1, err[-3000:]
+    assert waited < 15, (waited, err[-3000:])
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: process 1 of 2 failed: RuntimeError: fault injected by "
+                      f"ADA_FAULT=loop.raise@{crash}; process 0 of 2 stops too; rerun the same "
+                      f"command on every host to resume from step {stop} (the latest "
+                      "checkpoint)"], err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
+def _await_step(wd, step, procs, timeout=240):
+    """Until metrics.jsonl has `step`'s row; every process must be alive meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = read_jsonl(os.path.join(wd, "metrics.jsonl"))
+        if rows and rows[-1]["step"] >= step:
+            return
+        for p in procs:
+            assert p.poll() is None, p.communicate()[1][-3000:]
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} not reached")
