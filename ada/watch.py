@@ -15,7 +15,10 @@ ran out) first writes an exit notice, `ada/exit/<process>` = "CODE WHAT", to the
 the others read it within `interval` and end with the same exit code and one line naming the
 process and WHAT. So a crash in one process ends every process in seconds, not timeouts. The
 store lives in process 0: process 0 ends only once every live peer has read the notices
-(`ada/ack/<process>`), or after 2 x interval + 1 s.
+(`ada/ack/<process>`), or after 2 x interval + 1 s. A process that raised first asks its
+peers whether they are alive (`ada/ping/<process>`, answered by each heartbeat thread): an
+error that a dead peer caused (a collective's "connection reset") is then reported as that
+peer's loss by the watcher, not as this process's own failure.
 
 A process's own stall (SIGSTOP, a host hiccup, a long C call holding the GIL) is no peer's
 silence: the watcher measures a peer's silence in the time it was itself awake (a watcher
@@ -163,6 +166,8 @@ class _Watch:
                                                           if p != self.pid}
         self.notices: dict[int, str] = {}  # process -> "CODE WHAT" of its exit notice
         self.acks: set[int] = set()  # processes that ended on a notice
+        self.pongs: dict[int, str] = {}  # process -> the last question of ours it answered
+        self.answered: dict[int, str] = {}  # process -> the last question of its we answered
         self.collectives: dict[int, tuple[str, float, bool]] = {}  # id -> (name, start, warned)
         self.resume_hint = "rerun the same command on every host to resume from the latest checkpoint"
         self._lock = threading.Lock()
@@ -180,11 +185,11 @@ class _Watch:
             except Exception:  # noqa: BLE001 - the watcher decides when this is fatal
                 time.sleep(self.interval)
                 continue
-            now = time.monotonic()
+            now, pings = time.monotonic(), {}
             with self._lock:
                 self.last_ok = now
                 for key, value in entries:
-                    kind, p = key.rstrip("/").split("/")[-2:]
+                    kind, p, *to = key.rstrip("/").split("/")[1:]
                     p = int(p)
                     if kind == "heartbeat" and p in self.seen and self.seen[p][0] != value:
                         self.seen[p] = (value, now)
@@ -192,6 +197,13 @@ class _Watch:
                         self.notices[p] = value
                     elif kind == "ack":
                         self.acks.add(p)
+                    elif kind == "ping" and p != self.pid and self.answered.get(p) != value:
+                        pings[p] = value
+                    elif kind == "pong" and to == [str(self.pid)]:
+                        self.pongs[p] = value
+            for p, token in pings.items():  # alive: answer each new question once
+                self._set(f"ada/pong/{self.pid}/{p}", token)
+                self.answered[p] = token
             time.sleep(self.interval)
 
     def _watch(self) -> None:
@@ -283,17 +295,18 @@ class _Watch:
             self.collectives.pop(key, None)
 
     def await_verdict(self) -> None:
-        """After this process raised: return once every peer has beaten since (they are
-        alive: the error is this process's own); end this process on a peer's notice, or by
-        the watcher's verdict on a silent peer (the error was a collective losing it), within
-        the lost-process bound."""
-        start = time.monotonic()
-        with self._lock:
-            before = {p: v for p, (v, _) in self.seen.items()}
-        while time.monotonic() < start + self.timeout_s + 2 * self.interval + 1:
+        """After this process raised: ask every peer whether it is alive (`ada/ping/<us>`, a
+        new token; each answers from its heartbeat thread). Return once all have answered
+        (the error is this process's own); a peer's notice, or the watcher's verdict on a
+        peer that never answers (the error was a collective losing it), ends this process
+        first, within the lost-process bound."""
+        token = str(time.time_ns())
+        self._set(f"ada/ping/{self.pid}", token)
+        deadline = time.monotonic() + self.timeout_s + 2 * self.interval + 1
+        while time.monotonic() < deadline:
             time.sleep(self.interval / 4)
             with self._lock:
-                if not self.notices and all(v != before[p] for p, (v, _) in self.seen.items()):
+                if not self.notices and all(self.pongs.get(p) == token for p in self.seen):
                     return
 
 
