@@ -122,8 +122,9 @@ class Preemption:
         watch.exit_now(exit_code(signal.SIGTERM), f"{what}; rerun {self.command} {self.resume}",
                        f"{watch.this_process()}: {what}")
 
-    def stopped(self) -> None:
-        """The stop is complete (its final checkpoint written): the budget no longer runs."""
+    def done(self) -> None:
+        """Training returned (after a stop: with its final checkpoint): the budget no longer
+        runs."""
         if self._budget is not None:
             self._budget.cancel()
 

@@ -221,6 +221,8 @@ class _Watch:
                 if late > self.interval / 2:  # our own stall: no peer was silent meanwhile
                     self.last_ok = min(self.last_ok + late, now)
                     self.seen = {p: (v, min(t + late, now)) for p, (v, t) in self.seen.items()}
+                    self.collectives = {k: (name, start + late, warned) for k, (name, start, warned)
+                                        in self.collectives.items()}
                 silent = now - self.last_ok
                 stale = sorted(p for p, (_, t) in self.seen.items() if now - t > self.timeout_s)
                 notice = min(self.notices.items(), default=None)

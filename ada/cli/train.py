@@ -40,7 +40,11 @@ Any config value can be overridden with --config.a.b=value. Methods (the :arg of
 config file, or --config.method): grpo, dapo, ada_pos, ada_balance, exhaustive (see
 ada/methods.py). A rerun with the same --workdir resumes from its latest complete
 checkpoint; it may change train.steps, eval.*, log.* and checkpoint.* (recorded in
-config_history.jsonl), anything else only with --force_config."""
+config_history.jsonl), anything else only with --force_config.
+
+Exit codes: 0 train.steps reached; 143 stopped by SIGTERM, checkpointed: rerun the same
+command to resume (the "restart me" code); 130 stopped by Ctrl-C; 1 a crash, or a failed or
+lost process of a multi-process run; 2 bad input (docs/reliability.md)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -128,8 +132,8 @@ def run(config, args, command: str) -> int:
     finally:
         if preemption.signum is None:  # after a stop, a second signal still exits at once
             preemption.uninstall()
+    preemption.done()
     if summary.get("stopped"):
-        preemption.stopped()
         if distributed.is_main():
             where = (f"checkpoint {summary['checkpoint']}" if summary["checkpoint"] else
                      "no checkpoint yet")
