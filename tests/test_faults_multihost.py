@@ -7,47 +7,127 @@ stops a preemption at the same step, exit 143 (docs/reliability.md).
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import pytest
 from test_multihost import _cmd, _data, _env, _free_port
 
 from ada.checkpoint import complete_steps
 from ada.metrics import read_jsonl
 
-TIMEOUT_S = 5  # distributed.timeout_s of the test (the default is 300)
-BOUND_S = TIMEOUT_S + TIMEOUT_S / 10 + 1  # ada/distributed.py: when a survivor exits
+TIMEOUT_S = 5  # distributed.timeout_s of the lost-process test (the default is 300)
+BOUND_S = TIMEOUT_S + TIMEOUT_S / 10 + 1  # ada/watch.py: when a survivor exits
 
 
-def test_a_lost_process_ends_the_other_within_the_timeout(tmp_path):
-    data, cache = _data(tmp_path), str(tmp_path / "cache")
-    wd, port = str(tmp_path / "run"), _free_port()
-    extra = {"sampling.mesh": "(1,1)", "train.steps": 50, "checkpoint.every": 1,
-             "distributed.timeout_s": TIMEOUT_S}
-    procs = [subprocess.Popen(_cmd(data, wd, cache, **extra),
-                              env=_env(1, ADA_COORDINATOR=f"localhost:{port}",
-                                       ADA_NUM_PROCESSES="2", ADA_PROCESS_ID=str(i)),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:  # both are training: step 1 is logged
-            rows = read_jsonl(os.path.join(wd, "metrics.jsonl"))
-            if rows and rows[-1]["step"] >= 1:
-                break
-            assert all(p.poll() is None for p in procs), procs[0].communicate()[1][-3000:]
+class Pair:
+    """One training run of two processes, and how to start (or resume) it."""
+
+    def __init__(self, root, wd=None):
+        self.root, self.data, self.cache = root, _data(root), str(root / "cache")
+        self.wd = wd or str(root / "run")
+
+    def start(self, fault="", **extra):
+        port = _free_port()
+        ov = {"sampling.mesh": "(1,1)", "train.steps": 50, "checkpoint.every": 100, **extra}
+        return [subprocess.Popen(
+            _cmd(self.data, self.wd, self.cache, **ov),
+            env=_env(1, ADA_COORDINATOR=f"localhost:{port}", ADA_NUM_PROCESSES="2",
+                     ADA_PROCESS_ID=str(i), JAX_COMPILATION_CACHE_DIR=str(self.root / "jax"),
+                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+                     **({"ADA_FAULT": fault} if i == 1 and fault else {})),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+    def copy(self, where):
+        """The same run with a copy of its directory in `where` (the caches shared)."""
+        shutil.copytree(self.wd, where / "run")
+        return Pair(self.root, str(where / "run"))
+
+    def await_step(self, step, procs, timeout=240):
+        """Until metrics.jsonl has `step`'s row; every process must be alive meanwhile."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = read_jsonl(os.path.join(self.wd, "metrics.jsonl"))
+            if rows and rows[-1]["step"] >= step:
+                return
+            for p in procs:
+                assert p.poll() is None, p.communicate()[1][-3000:]
             time.sleep(0.02)
+        raise AssertionError(f"step {step} not reached")
+
+
+@pytest.fixture(scope="module")
+def preempted(tmp_path_factory):
+    """A two-process run of which process 1 got SIGTERM after step 1 (it also fills the
+    compilation cache the later resumes share): (the run, both results)."""
+    run = Pair(tmp_path_factory.mktemp("pair"))
+    procs = run.start()
+    try:
+        run.await_step(1, procs)
+        procs[1].send_signal(signal.SIGTERM)
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        _end(procs)
+    return run, [(p.returncode, err) for p, err in zip(procs, errs, strict=True)]
+
+
+def test_sigterm_on_one_host_stops_both_at_one_step(preempted):
+    """Process 0 never got the signal: both stop after the same step, with one checkpoint
+    both wrote, exit 143 (restart me)."""
+    run, results = preempted
+    assert [rc for rc, _ in results] == [143, 143], results[0][1][-3000:] + results[1][1][-3000:]
+    (stop,) = complete_steps(os.path.join(run.wd, "checkpoints"))
+    (line,) = [ln for ln in results[0][1].splitlines() if ln.startswith("SIGTERM")]
+    assert line.startswith(f"SIGTERM: stopped after step {stop} (checkpoint {run.wd}/checkpoints/"
+                           f"{stop}); resume with: python -m ada.runner"), results[0][1][-3000:]
+
+
+def test_a_crash_in_one_process_ends_the_other_within_seconds(preempted, tmp_path):
+    """The same commands resume; process 1 raises as its first step starts (ADA_FAULT=
+    loop.raise@STEP): process 0, in that step's collectives, exits 1 within seconds at the
+    default distributed.timeout_s of 300 s, with one line naming process 1 and its error."""
+    run = preempted[0].copy(tmp_path)
+    stop = complete_steps(os.path.join(run.wd, "checkpoints"))[-1]
+    procs = run.start(f"loop.raise@{stop + 1}")
+    try:
+        while procs[1].poll() is None:
+            assert procs[0].poll() is None, procs[0].communicate()[1][-3000:]
+            time.sleep(0.02)
+        raised = time.monotonic()
+        _, err = procs[0].communicate(timeout=120)  # a hang fails here
+        waited = time.monotonic() - raised
+    finally:
+        _end(procs)
+    print(json.dumps({"peer_exit_after_crash_s": round(waited, 2)}))
+    assert procs[1].returncode == 1 and procs[0].returncode == 1, err[-3000:]
+    assert waited < 15, (waited, err[-3000:])
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: process 1 of 2 failed: RuntimeError: fault injected by "
+                      f"ADA_FAULT=loop.raise@{stop + 1}; process 0 of 2 stops too; rerun the "
+                      f"same command on every host to resume from step {stop} (the latest "
+                      "checkpoint)"], err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_a_lost_process_ends_the_other_within_the_timeout(preempted, tmp_path):
+    """The run resumed; process 1 is SIGKILLed while process 0 is in its next step
+    (collection or update): process 0 exits 1 within distributed.timeout_s (+ an interval,
+    + a second) with one line naming process 1, and never hangs."""
+    run = preempted[0].copy(tmp_path)
+    stop = complete_steps(os.path.join(run.wd, "checkpoints"))[-1]
+    procs = run.start(**{"checkpoint.every": 1, "distributed.timeout_s": TIMEOUT_S})
+    try:
+        run.await_step(stop + 1, procs)
         procs[1].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         _, err = procs[0].communicate(timeout=120)  # a hang fails here
         waited = time.monotonic() - killed
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        _end(procs)
     print(json.dumps({"survivor_exit_s": round(waited, 2), "bound_s": BOUND_S}))
     assert procs[0].returncode == 1, err[-3000:]
     assert waited < BOUND_S + 5, (waited, err[-3000:])  # + scheduling slack on a busy CI
@@ -145,70 +225,3 @@ def test_the_jax_internal_the_watch_reads_is_there():
     assert hasattr(jax_distributed.global_state, "client")
     for method in ("key_value_set", "key_value_dir_get"):
         assert hasattr(_jax.DistributedRuntimeClient, method), method
-
-
-def test_sigterm_on_one_host_stops_both_at_one_step_and_a_crash_ends_both(tmp_path):
-    """SIGTERM to process 1 only: both stop after the same step with one checkpoint, exit 143.
-    The same commands resume; process 1 then raises (ADA_FAULT=loop.raise@STEP): process 0,
-    blocked in the step's collectives, exits 1 within seconds (at the default
-    distributed.timeout_s of 300 s) with one line naming process 1 and its error."""
-    data, cache = _data(tmp_path), str(tmp_path / "cache")
-    wd = str(tmp_path / "run")
-    extra = {"sampling.mesh": "(1,1)", "train.steps": 50, "checkpoint.every": 100}
-
-    def start(port, fault=""):
-        return [subprocess.Popen(
-            _cmd(data, wd, cache, **extra),
-            env=_env(1, ADA_COORDINATOR=f"localhost:{port}", ADA_NUM_PROCESSES="2",
-                     ADA_PROCESS_ID=str(i), JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax"),
-                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-                     **({"ADA_FAULT": fault} if i == 1 and fault else {})),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-
-    procs = start(_free_port())
-    try:
-        _await_step(wd, 1, procs)
-        procs[1].send_signal(signal.SIGTERM)
-        errs = [p.communicate(timeout=120)[1] for p in procs]
-    finally:
-        _end(procs)
-    assert [p.returncode for p in procs] == [143, 143], errs[0][-3000:] + errs[1][-3000:]
-    (stop,) = complete_steps(os.path.join(wd, "checkpoints"))  # one step, written by both
-    (line,) = [ln for ln in errs[0].splitlines() if ln.startswith("SIGTERM")]
-    assert line.startswith(f"SIGTERM: stopped after step {stop} (checkpoint {wd}/checkpoints/"
-                           f"{stop}); resume with: python -m ada.runner"), errs[0][-3000:]
-
-    crash = stop + 1  # the first step the resumed run takes
-    procs = start(_free_port(), f"loop.raise@{crash}")
-    try:
-        while procs[1].poll() is None:
-            assert procs[0].poll() is None, procs[0].communicate()[1][-3000:]
-            time.sleep(0.02)
-        raised = time.monotonic()
-        _, err = procs[0].communicate(timeout=120)  # a hang fails here
-        waited = time.monotonic() - raised
-    finally:
-        _end(procs)
-    print(json.dumps({"peer_exit_after_crash_s": round(waited, 2)}))
-    assert procs[1].returncode == 1 and procs[0].returncode == 1, err[-3000:]
-    assert waited < 15, (waited, err[-3000:])
-    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
-    assert errors == [f"error: process 1 of 2 failed: RuntimeError: fault injected by "
-                      f"ADA_FAULT=loop.raise@{crash}; process 0 of 2 stops too; rerun the same "
-                      f"command on every host to resume from step {stop} (the latest "
-                      "checkpoint)"], err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
-
-
-def _await_step(wd, step, procs, timeout=240):
-    """Until metrics.jsonl has `step`'s row; every process must be alive meanwhile."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = read_jsonl(os.path.join(wd, "metrics.jsonl"))
-        if rows and rows[-1]["step"] >= step:
-            return
-        for p in procs:
-            assert p.poll() is None, p.communicate()[1][-3000:]
-        time.sleep(0.02)
-    raise AssertionError(f"step {step} not reached")
