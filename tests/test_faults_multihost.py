@@ -225,3 +225,27 @@ def test_the_jax_internal_the_watch_reads_is_there():
     assert hasattr(jax_distributed.global_state, "client")
     for method in ("key_value_set", "key_value_dir_get"):
         assert hasattr(_jax.DistributedRuntimeClient, method), method
+
+
+def test_bad_data_on_one_host_ends_both_with_exit_2(tmp_path):
+    """Process 1's copy of the data has a malformed row (a host with another file): it stops
+    in setup with one line, exit 2, and its notice ends process 0 with exit 2 too."""
+    good = _data(tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(open(good).read() + '{"problem": "1 + 1"}\n')
+    port, wd = _free_port(), str(tmp_path / "run")
+    procs = [subprocess.Popen(_cmd(path, wd, str(tmp_path / "cache"), **{"sampling.mesh": "(1,1)"}),
+                              env=_env(1, ADA_COORDINATOR=f"localhost:{port}",
+                                       ADA_NUM_PROCESSES="2", ADA_PROCESS_ID=str(i)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, path in enumerate((good, str(bad)))]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        _end(procs)
+    assert [p.returncode for p in procs] == [2, 2], errs[0][-3000:] + errs[1][-3000:]
+    (own,) = [ln for ln in errs[1].splitlines() if ln.startswith("error:")]
+    assert str(bad) in own, errs[1][-3000:]
+    (told,) = [ln for ln in errs[0].splitlines() if ln.startswith("error:")]
+    assert told.startswith(f"error: process 1 of 2 failed: {own[len('error: '):]}"), told
+    assert "process 0 of 2 stops too" in told
