@@ -35,6 +35,7 @@ fails when its hook moves).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -76,7 +77,8 @@ def exit_now(code: int, line: str | None, what: str | None = None, *, tell: bool
         while True:
             time.sleep(60)
     try:
-        sys.stdout.flush()
+        with contextlib.suppress(Exception):  # a closed or broken stdout: the line still goes
+            sys.stdout.flush()
         if line:
             os.write(2, f"\n{line}\n".encode())
         if _WATCH is not None and tell:
