@@ -459,8 +459,9 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     for k in e.pass_k:
         need(1 <= k <= e.samples, f"eval.pass_k contains {k}; each k must be in [1, eval.samples={e.samples}]")
     need(config.checkpoint.keep >= 1, f"checkpoint.keep={config.checkpoint.keep} must be >= 1")
-    need(config.distributed.timeout_s > 0,
-         f"distributed.timeout_s={config.distributed.timeout_s} must be > 0 seconds")
+    for k, v in (("distributed.timeout_s", config.distributed.timeout_s),
+                 ("checkpoint.preemption_budget_s", config.checkpoint.preemption_budget_s)):
+        need(v > 0, f"{k}={v} must be > 0 seconds")
     if problems:
         raise ConfigError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 

@@ -12,7 +12,7 @@ changes a resume may make (steps, evaluation, logging, checkpoint cadence) are r
 `config_history.jsonl`, with config.json left as it was. config.json is written only once a
 checkpoint is restored (or on a fresh start), so nothing a failed start does reaches it.
 
-Faults (docs/reliability.md): a Preemption (SIGTERM / SIGINT, ada/distributed.py) ends the
+Faults (docs/reliability.md): a Preemption (SIGTERM / SIGINT, ada/preemption.py) ends the
 loop after the current step with a checkpoint every process joins; a full disk stops it with
 StorageError (ada/checkpoint.py); `optim.max_skipped_in_row` steps in a row with a non-finite
 update, or parameters that are no longer finite, stop it with RunError and no checkpoint of
@@ -36,14 +36,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ada import distributed, knobs, setup
+from ada import distributed, knobs, setup, watch
 from ada import sharding as shd
-from ada.checkpoint import Checkpointer, StorageError, complete_steps, storage_errno
+from ada.checkpoint import FAULT_ENV, Checkpointer, StorageError, complete_steps, storage_errno
 from ada.config import ConfigError, load_run_config
 from ada.data.iterator import PromptIterator
 from ada.evaluation import evaluate_policy
 from ada.export import export_hf
 from ada.metrics import MetricsWriter, Progress, plot_run, read_jsonl
+from ada.preemption import Preemption
 from ada.rl.batch import BatchLayout
 from ada.rl.optimizer import all_finite
 from ada.rl.train import TrainState
@@ -126,7 +127,7 @@ def record_config(config, workdir: str, resume: dict | None, step: int) -> None:
 
 
 def train(config, workdir: str, *, stop_after: int | None = None, force_config: bool = False,
-          preemption: distributed.Preemption | None = None) -> dict:
+          preemption: Preemption | None = None) -> dict:
     """Run (or resume) training; returns the final summary dict. `preemption` (the command
     line's): stop after the step a signal arrives in, with a checkpoint (summary["stopped"]).
     Raises ConfigError before writing anything when a resume's config is refused."""
@@ -205,7 +206,7 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         text = f"to resume from step {at} (the latest checkpoint)" if at else "to start again"
         if preemption is not None:
             preemption.training(text)
-        distributed.set_resume_hint(f"rerun the same command on every host {text}")
+        watch.set_resume_hint(f"rerun the same command on every host {text}")
 
     hint(saved)
     if not resumed:
@@ -226,6 +227,7 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
     stopped = preemption.requested() if preemption else None  # e.g. during the first eval
     while step < c.train.steps and not stopped:
         step += 1
+        _injected_fault(step)
         state, m, _ = rl_step(state, next(iterator), jax.random.fold_in(base_key, step),
                               rollout=s.rollout, fns=s.fns, method=c.method, layout=layout,
                               normalize_std=c.adaptive.normalize_std, ref_params=ref_params,
@@ -249,8 +251,10 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         if stop_after is not None and step >= stop_after:
             break
         stopped = preemption.requested() if preemption else None  # every process: same answer
-        if stopped and saved != step:
+    if stopped:
+        if step > start and saved != step:
             saved = save(step)
+        ckpt.close()  # finishes an in-flight save: the final checkpoint is complete here
     bar.close()
     writer.close()
 
@@ -277,6 +281,13 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         _write_json(os.path.join(workdir, "summary.json"), summary, "the run's summary")
     distributed.sync("train_end")
     return summary
+
+
+def _injected_fault(step: int) -> None:
+    """Tests: ADA_FAULT=loop.raise@STEP makes this process raise as that step starts (an
+    ordinary crash of one process of a run)."""
+    if os.environ.get(FAULT_ENV) == f"loop.raise@{step}":
+        raise RuntimeError(f"fault injected by {FAULT_ENV}=loop.raise@{step}")
 
 
 def _check_finite(c, step: int, finite: bool, guard: dict, saved) -> None:

@@ -141,6 +141,10 @@ def base() -> ml_collections.ConfigDict:
     c.checkpoint.every = 50  # steps between checkpoints (and one at the end)
     c.checkpoint.keep = 3  # newest checkpoints kept
     c.checkpoint.export_hf = False  # also write a Hugging Face directory at the end
+    # After SIGTERM (a spot VM's ~30 s notice) the rest of the step and the final checkpoint
+    # get this long; past it they are abandoned with one line, and the last complete
+    # checkpoint stays the one to resume from (exit 143 either way; ada/preemption.py).
+    c.checkpoint.preemption_budget_s = 25.0  # seconds from SIGTERM to the end of the final save
 
     c.warmstart = ml_collections.ConfigDict()
     # Synthetic tasks: a supervised warm start (cached) before RL plays the pretrained model.

@@ -165,12 +165,34 @@ def test_a_raising_reward_never_stops_the_run(reference):
 
 def test_sigterm_checkpoints_and_says_how_to_resume(preempted):
     r, wd = preempted
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 143, r.stderr[-3000:]  # the "restart me" code
     (line,) = lines(r.stderr)
     step = read_jsonl(os.path.join(wd, "metrics.jsonl"))[-1]["step"]
     assert line.startswith(f"SIGTERM: stopped after step {step} (checkpoint {wd}/checkpoints/")
     assert "resume with: python -m ada.runner" in line and f"--workdir {wd}" in line
     assert step < STEPS and str(step) in os.listdir(wd / "checkpoints")
+
+
+def test_sigterm_past_the_budget_keeps_the_last_complete_checkpoint(tmp_path, env, reference):
+    """checkpoint.preemption_budget_s shorter than what is left of the step and its save: the
+    stop is abandoned with one line, exit 143; the checkpoint the line names is the latest
+    complete one, and the same command resumes to the uninterrupted run's rows."""
+    from ada.checkpoint import complete_steps
+
+    wd = tmp_path / "run"
+    budget = "--config.checkpoint.preemption_budget_s=0.01"
+    r, seconds = signalled(wd, env, [signal.SIGTERM], 2, budget)
+    assert r.returncode == 143 and seconds < 5, r.stderr[-3000:]
+    (line,) = lines(r.stderr)
+    assert line.startswith("SIGTERM: the stop did not finish within checkpoint."
+                           "preemption_budget_s=0.01 s of the signal"), line
+    assert "rerun python -m ada.runner" in line and "to resume from step" in line
+    assert int(line.split("to resume from step ")[1].split()[0]) == \
+        complete_steps(str(wd / "checkpoints"))[-1]
+    assert not any(n in r.stderr for n in NOISE)
+    r = run(wd, env, budget)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert rows(wd) == reference
 
 
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path, env, reference):

@@ -5,9 +5,10 @@ what the run's checkpoints hold) ends the command with one line, `error: ...` na
 thing and the fix, and exit code 2, before anything compiles; a start that fails leaves no
 empty output directory behind. A run that cannot go on (a full disk, non-finite updates)
 ends with one line and exit code 1. SIGTERM and SIGINT (Ctrl-C) stop after the current step
-with a checkpoint and one line saying how to resume (exit 0 and 130; a second signal: at
-once); a lost process of a multi-process run ends the others within distributed.timeout_s
-(ada/distributed.py, docs/reliability.md).
+with a checkpoint and one line saying how to resume (exit 143, the "restart me" code, and
+130; a second signal: at once); exit 0 means train.steps was reached (ada/preemption.py).
+In a multi-process run a process that fails tells the others, which stop within seconds; a
+lost one ends them within distributed.timeout_s (ada/watch.py, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ Any config value can be overridden with --config.a.b=value. Methods (the :arg of
 config file, or --config.method): grpo, dapo, ada_pos, ada_balance, exhaustive (see
 ada/methods.py). A rerun with the same --workdir resumes from its latest complete
 checkpoint; it may change train.steps, eval.*, log.* and checkpoint.* (recorded in
-config_history.jsonl), anything else only with --force_config."""
+config_history.jsonl), anything else only with --force_config.
+
+Exit codes: 0 train.steps reached; 143 stopped by SIGTERM, checkpointed: rerun the same
+command to resume (the "restart me" code); 130 stopped by Ctrl-C; 1 a crash, or a failed or
+lost process of a multi-process run; 2 bad input (docs/reliability.md)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,13 +91,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(config, args, command: str) -> int:
-    """Train in this process, with the signal handling, the lost-process watch and the
-    one-line stops of the module docstring."""
-    from ada import distributed
+    """Train in this process, with the signal handling, the watch of the other processes and
+    the one-line stops of the module docstring."""
+    from ada import distributed, watch
     from ada.checkpoint import StorageError
     from ada.loop import RunError, train
+    from ada.preemption import Preemption, exit_code
 
-    preemption = distributed.Preemption(command).install()  # a signal now: exit at once
+    # a signal now: exit at once
+    preemption = Preemption(command, config.checkpoint.preemption_budget_s).install()
     distributed.cpu_only_without_accelerators()
     # an absurd optim.lr overflows float32 when compiled; the loop reports what follows in one line
     warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
@@ -105,29 +112,34 @@ def run(config, args, command: str) -> int:
         summary = train(config, args.workdir, force_config=args.force_config,
                         preemption=preemption)
     except ConfigError as e:
-        return fail(e)
+        code = fail(e)
+        watch.fail(code, str(e))
+        return code
     except StorageError as e:
         print(f"error: {e}, then rerun {command} to resume from {e.resume}", file=sys.stderr)
         # orbax's abandoned write tasks hold the same failure: asyncio would log each one
         # ("Task exception was never retrieved") when they are collected, after our line
         logging.getLogger("asyncio").disabled = True
+        watch.fail(1, str(e))
         return 1
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
+        watch.fail(1, str(e))
         return 1
     except Exception as e:
-        distributed.await_verdict(e)  # a lost process ends this one with its own line
+        watch.crash(e)  # another process's failure or loss, when it was the cause, ends this one
         raise
     finally:
         if preemption.signum is None:  # after a stop, a second signal still exits at once
             preemption.uninstall()
+    preemption.done()
     if summary.get("stopped"):
         if distributed.is_main():
             where = (f"checkpoint {summary['checkpoint']}" if summary["checkpoint"] else
                      "no checkpoint yet")
             print(f"{summary['stopped']}: stopped after step {summary['steps']} ({where}); "
                   f"resume with: {command}", file=sys.stderr)
-        return preemption.EXIT[signal.Signals[summary["stopped"]]]  # the agreed signal's
+        return exit_code(signal.Signals[summary["stopped"]])  # the agreed signal's
     if distributed.is_main():
         print(json.dumps(summary, default=str))
     return 0

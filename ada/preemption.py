@@ -1,0 +1,148 @@
+"""SIGTERM (a preempted VM) and SIGINT (Ctrl-C) as a request to stop, and the exit codes an
+orchestrator acts on.
+
+Exit codes of a training run (`python -m ada.runner`): 0 only when train.steps is reached;
+143 (128 + SIGTERM) after SIGTERM: stopped, checkpointed where the budget allowed, resumable:
+the "restart me" code; 130 (128 + SIGINT) after Ctrl-C; 1 for a crash, a lost or failed peer
+(ada/watch.py), a full disk or non-finite updates; 2 for bad input (ada/config.py: fail).
+
+Before `training()` (setup, compiles) a signal ends the process at once with one line:
+nothing is lost. During training the first signal only sets `signum`; the loop finishes its
+step, checkpoints and returns; every process stops after the same step (`requested()` is an
+all-gather every step, as JAX's preemption sync point agrees on one step through the
+coordination service). A second signal ends the process at once with one line.
+
+After SIGTERM the VM has a notice of about 30 s: `checkpoint.preemption_budget_s` (default
+25) after the signal reached this process (or its agreement did), a stop that has not
+finished (the rest of the step, the final save) is abandoned with one line: the last
+complete checkpoint stays the one to resume from (orbax writes a step into a temporary
+directory and renames it into place only when complete; the next start removes the rest).
+
+The signals are read on a thread from `signal.set_wakeup_fd`, to which the C-level handler
+writes at once, so this holds while the main thread is inside a long compile or computation
+(a Python-level handler would only run after it). `install()` must run after JAX has started
+its backends: libtpu installs a failure-signal handler that dumps a stack on SIGTERM, and
+the handler installed last wins.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+
+from ada import distributed, watch
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_code(signum: int) -> int:
+    """The exit code of a run stopped by `signum`: 143 after SIGTERM, 130 after SIGINT."""
+    return 128 + signum
+
+
+class Preemption:
+    """The signal handling of the module docstring for one command (`command`: what its
+    lines tell the user to rerun; `budget_s`: checkpoint.preemption_budget_s)."""
+
+    def __init__(self, command: str, budget_s: float):
+        self.signum: int | None = None
+        self.command, self.budget_s = command, budget_s
+        self.resume = "to start"
+        self.in_training = False
+        self._budget: threading.Timer | None = None
+        self._previous: dict[int, Any] = {}
+        self._fds: tuple[int, int] | None = None
+        self._previous_fd = -1
+
+    def install(self) -> Preemption:
+        """Install (again: after a library replaced them) the handlers; main thread only."""
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for s in SIGNALS:
+            previous = signal.signal(s, _ignore)
+            self._previous.setdefault(s, previous)
+        if self._fds is None:
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            self._fds = (r, w)
+            self._previous_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+            threading.Thread(target=self._read, args=(r,), name="ada-signals", daemon=True).start()
+        return self
+
+    def uninstall(self) -> None:
+        for s, previous in self._previous.items():
+            signal.signal(s, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+        if self._fds is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+            os.close(self._fds[1])  # the reader sees end of file and stops
+            self._fds = None
+
+    def _read(self, fd: int) -> None:
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                return
+            if not data:
+                os.close(fd)
+                return
+            for signum in data:
+                if signum in SIGNALS:
+                    self._on_signal(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        if self.signum is None and self.in_training:
+            self._stop(signum)  # the loop stops after this step
+            return
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            what = f"a second {name}: stopped at once, without checkpointing the current step"
+        else:
+            what = f"{name}: stopped before training started, nothing lost"
+        watch.exit_now(exit_code(signum), f"{what}; rerun {self.command} {self.resume}",
+                       f"{watch.this_process()} received {what}")
+
+    def _stop(self, signum: int) -> None:
+        self.signum = signum
+        if signum == signal.SIGTERM:
+            self._budget = threading.Timer(self.budget_s, self._over_budget)
+            self._budget.daemon = True
+            self._budget.start()
+
+    def _over_budget(self) -> None:
+        what = (f"SIGTERM: the stop did not finish within checkpoint.preemption_budget_s="
+                f"{self.budget_s:g} s of the signal; the step in flight or its final checkpoint "
+                "is abandoned")
+        watch.exit_now(exit_code(signal.SIGTERM), f"{what}; rerun {self.command} {self.resume}",
+                       f"{watch.this_process()}: {what}")
+
+    def done(self) -> None:
+        """Training returned (after a stop: with its final checkpoint): the budget no longer
+        runs."""
+        if self._budget is not None:
+            self._budget.cancel()
+
+    def training(self, resume: str) -> None:
+        """From now on a first signal stops after the current step; `resume` ('to resume from
+        step N') is what the lines of a later one say."""
+        self.resume, self.in_training = resume, True
+
+    def requested(self) -> int | None:
+        """The signal that asked to stop, agreed by every process (a collective when there
+        are several: every process calls it once per step), or None."""
+        if jax.process_count() == 1:
+            return self.signum
+        got = int(distributed.allgather(np.int32(self.signum or 0), "preemption").max()) or None
+        if got and self.signum is None:  # another process's signal: this one stops too
+            self._stop(got)
+        return got
+
+
+def _ignore(signum, frame) -> None:
+    """The Python-level handler: nothing (the reader thread of Preemption acts)."""
