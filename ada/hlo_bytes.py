@@ -209,3 +209,33 @@ def explain(fig: dict, top: int) -> list[str]:
                    + ("  (shapes: XLA's cost model was not reached; bytes are operand sizes)"
                       if counted.get("shapes") else ""))
     return out
+
+
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+_GROUP = re.compile(r"replica_groups=(?:\{\{([\d,]*)\}|\[\d+,(\d+)\]<=)")
+_ARRAY_BYTES = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\]")
+
+
+def collectives(hlo_text: str, num_devices: int) -> dict:
+    """The collectives between chips in an optimized HLO module (an asynchronous one counted
+    at its start) and the bytes each chip sends over ICI for them, ring algorithms over a
+    group of n chips: an all-reduce of B bytes 2 (n - 1) / n B, an all-gather to B bytes or
+    an all-to-all of B (n - 1) / n B, a reduce-scatter to B bytes (n - 1) B, a
+    collective-permute B. A group left unnamed is every device. Returns {"count",
+    "result_bytes", "ici_bytes", "by_op": {op: count}}."""
+    count, result, ici, by_op = 0, 0, 0.0, {}
+    for line in hlo_text.splitlines():
+        m = INSTR.match(line)
+        if not m or m.group(3).removesuffix("-start") not in _COLLECTIVES:
+            continue
+        op, rtype = m.group(3).removesuffix("-start"), m.group(2)
+        size = max((DTYPE_BYTES[a.group(1)] * math.prod(int(d) for d in a.group(2).split(",") if d)
+                    for a in _ARRAY_BYTES.finditer(rtype)), default=0)  # a start's output
+        g = _GROUP.search(m.group(4))
+        n = (len(g.group(1).split(",")) if g and g.group(1) else int(g.group(2)) if g
+             else num_devices)
+        share = {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": n - 1,
+                 "collective-permute": 1.0}.get(op, (n - 1) / n)
+        count, result, ici = count + 1, result + size, ici + share * size
+        by_op[op] = by_op.get(op, 0) + 1
+    return dict(count=count, result_bytes=result, ici_bytes=ici, by_op=by_op)

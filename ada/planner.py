@@ -56,7 +56,7 @@ from ada import methods, setup
 from ada import sharding as shd
 from ada.bucket_moves import cache_sized_moves
 from ada.config import ConfigError
-from ada.hlo_bytes import EXPLAIN_GROUPS, costings, group_ops, hlo_op_bytes
+from ada.hlo_bytes import EXPLAIN_GROUPS, collectives, costings, group_ops, hlo_op_bytes
 from ada.models.hf_config import CheckpointError, read_config
 from ada.models.known import KNOWN, known
 from ada.models.paged_attention import page_bytes
@@ -152,7 +152,10 @@ def compile_phase(lowered, arguments: int, ops: bool = False) -> dict:
                    compiled.input_shardings)[0].device_set)).platform == "tpu" else a + o + t - al,
                flops=float(ca.get("flops", 0)), bytes_accessed=float(ca.get("bytes accessed", 0)))
     if ops:
-        table = hlo_op_bytes(compiled.as_text())
+        text = compiled.as_text()
+        table = hlo_op_bytes(text)
+        fig["collectives"] = collectives(text, len(jax.tree.leaves(
+            compiled.input_shardings)[0].device_set))
         fig.update(hbm_bytes=float(sum(r["hbm_bytes"] for r in table)),
                    hbm_loop_bytes=float(sum(r["hbm_bytes"] for r in table if r["loop"])),
                    costings=costings(table), ops=group_ops(table)[:EXPLAIN_GROUPS])

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from ada import sharding as shd
 from ada.models.paged_attention import kernel_read_bytes, page_bytes, tuned_blocks
 from ada.rl import train as rl
-from ada.tpu import CHIPS
+from ada.tpu import CHIPS, ICI_BYTES_PER_S
 
 # the kernel table's device names (ragged_paged_attention's tuned block sizes)
 DEVICE_KINDS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite"}
@@ -123,15 +123,32 @@ def bytes_vs_floor(fig: dict, chip: str) -> dict:
                 bound="flops" if fig["flops"] / peak > step_bytes(fig) / bandwidth else "bytes")
 
 
+def ici(fig: dict, chip: str) -> dict | None:
+    """A phase's collectives between chips (ada.hlo_bytes.collectives: one call; decode's
+    probe is one step) and their time at the chip's ICI bandwidth, latency left out."""
+    if "collectives" not in fig:
+        return None
+    c = fig["collectives"]
+    return dict(c, seconds=c["ici_bytes"] / ICI_BYTES_PER_S[chip],
+                bytes_per_s=ICI_BYTES_PER_S[chip])
+
+
 def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
+    """The roofline bounds of the plan's phases. Decode's is given twice: at the larger of
+    its flops and HBM times, and with its ICI collectives' time added (no overlap assumed)."""
     t, prefill, host = p["phases"]["train"], p["phases"]["prefill"], p["chips_per_host"]
     rate = lambda tokens, s: s and tokens / host / s
+    decode_ici = ici(decode, chip)
+    decode_s = roofline_s(decode, chip)
     train_s = (s := roofline_s(t.get("probe", {}), chip)) and s * p["epochs"] * t["mini_batches"] \
         * t["micro_batches"]
     model_flops = (rl.train_flops_per_token(model_cfg, t["seq_len"]) * t["rows"] * t["seq_len"]
                    * p["epochs"] / p["devices"])
-    return {"decode_tokens_per_s_per_chip": rate(decode["num_slots"], roofline_s(decode, chip)),
+    return {"decode_tokens_per_s_per_chip": rate(decode["num_slots"], decode_s),
             "decode_num_slots": decode["num_slots"],
+            "decode_ici": decode_ici,
+            "decode_tokens_per_s_per_chip_with_ici": decode_ici and decode_s and rate(
+                decode["num_slots"], decode_s + decode_ici["seconds"]),
             "decode_bytes": "floor" in decode and bytes_vs_floor(decode, chip) or None,
             "decode_ops": decode.get("ops"),
             "prefill_tokens_per_s_per_chip": rate(prefill["rows"] * prefill["prompt_len"],

@@ -9,6 +9,10 @@ import os
 # Per chip, from cloud.google.com/tpu/docs/<chip>: bf16 FLOP/s, HBM GiB, HBM bytes/s.
 CHIPS = {"v4": (275e12, 32, 1200e9), "v5e": (197e12, 16, 819e9),
          "v5p": (459e12, 95, 2765e9), "v6e": (918e12, 32, 1640e9)}
+# Per chip, bidirectional ICI bytes/s over all its ports: v5e 400 GB/s and v5p 1,200 GB/s as
+# those pages give them; v4 (6 links) and v6e (twice v5e's, as announced) are not stated
+# there in these units. The decode bound charges collectives at this rate, an optimistic one.
+ICI_BYTES_PER_S = {"v4": 300e9, "v5e": 400e9, "v5p": 1200e9, "v6e": 800e9}
 _2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 _3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8")
 TOPOLOGIES = {"v5e": _2D, "v6e": _2D, "v4": _3D, "v5p": _3D}  # v4, v5p: a device per chip

@@ -198,6 +198,29 @@ def test_tpu_plan_compiles_every_phase(capsys, tmp_path):
     assert p["dense"]["cache_bytes_per_chip"] > 0 and p["dense"]["max_slots"] == p["max_num_slots"]
     ops = e["decode_ops"]
     assert ops and ops[0]["hbm_bytes"] >= ops[-1]["hbm_bytes"] and ops[0]["count"] >= 1
+    # the decode step's collectives over ICI, their time added to the bound
+    assert e["decode_ici"]["bytes_per_s"] == 400e9 and "ICI:" in out
+    assert e["decode_tokens_per_s_per_chip_with_ici"] <= e["decode_tokens_per_s_per_chip"]
+
+
+def test_collectives_count_what_each_chip_sends():
+    """Ring algorithms over a group of n: an all-reduce sends 2 (n-1)/n of its bytes, an
+    all-gather (n-1)/n of its result (an asynchronous one counted once, at its start), a
+    collective-permute all of it; a group left unnamed is every device."""
+    from ada.hlo_bytes import collectives
+
+    text = """ENTRY %m (p: bf16[8,128]) -> bf16[8,128] {
+  %p = bf16[8,128]{1,0} parameter(0)
+  %ar = bf16[8,128]{1,0} all-reduce(%p), channel_id=1, replica_groups={{0,1},{2,3}}, to_apply=%add
+  %ag-start = (bf16[4,128]{1,0}, bf16[8,128]{1,0}) all-gather-start(%p), replica_groups=[2,2]<=[4], dimensions={0}
+  %ag-done = bf16[8,128]{1,0} all-gather-done(%ag-start)
+  %all = bf16[8,128]{1,0} all-reduce(%p), channel_id=2, replica_groups={}, to_apply=%add
+  ROOT %cp = bf16[8,128]{1,0} collective-permute(%p), source_target_pairs={{0,1},{1,0}}
+}"""
+    got = collectives(text, num_devices=4)
+    B = 8 * 128 * 2
+    assert got["by_op"] == {"all-reduce": 2, "all-gather": 1, "collective-permute": 1}
+    assert got["ici_bytes"] == B * (1 + 0.5 + 1.5 + 1) and got["result_bytes"] == 4 * B
 
 
 def test_hlo_op_bytes_split_hbm_from_on_chip_memory():

@@ -190,6 +190,13 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                 f"  decode     <= {f('decode_tokens_per_s_per_chip', ',.0f')} tokens/s/chip at "
                 f"{e['decode_num_slots']} slots (attending to the whole cache)",
                 bytes_line(e.get("decode_bytes"), "bytes/step/chip"),
+                *([f"             ICI: {e['decode_ici']['count']} collectives/step "
+                   f"({', '.join(f'{n} {op}' for op, n in e['decode_ici']['by_op'].items())}), "
+                   f"{e['decode_ici']['ici_bytes'] / 1e6:,.1f} MB/chip over ICI, "
+                   f"{e['decode_ici']['seconds'] * 1e6:,.0f} us at "
+                   f"{e['decode_ici']['bytes_per_s'] / 1e9:,.0f} GB/s; with it added: <= "
+                   f"{e['decode_tokens_per_s_per_chip_with_ici']:,.0f} tokens/s/chip"]
+                  if e.get("decode_tokens_per_s_per_chip_with_ici") else []),
                 *([f"  paged      <= {e['paged']['tokens_per_s_per_chip']:,.0f} tokens/s/chip at "
                    f"{e['paged']['num_slots']} slots per host at the mean fill (analytic: the "
                    f"weights, {e['paged']['kv_bytes'] / 1e9:.2f} GB of pages read and the "
