@@ -17,7 +17,8 @@ from jetstream.core.proto import jetstream_pb2  # noqa: E402
 from ada.models import init_params, preset  # noqa: E402
 from ada.sampling.driver import Driver, Request  # noqa: E402
 from ada.sampling.engine import Engine  # noqa: E402
-from ada.sampling.jetstream_adapter import JetStreamEngine  # noqa: E402
+from ada.sampling.jetstream_adapter import PagedJetStreamEngine, jetstream_engine  # noqa: E402
+from ada.sampling.paged import PagedEngine  # noqa: E402
 from ada.sampling.samplers import SamplingConfig  # noqa: E402
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
@@ -44,7 +45,10 @@ async def _decode(client, request):
     return ids, "".join(text)
 
 
-def test_orchestrator_serves_ada_engine(monkeypatch):
+@pytest.mark.parametrize("kv_cache", ["dense", "paged"])
+def test_orchestrator_serves_ada_engine(monkeypatch, kv_cache):
+    """Either cache: the paged one through PagedJetStreamEngine (pages of 4 tokens, every
+    slot's worst case reserved), each request's answer the Driver's over the same engine."""
     # JetStream SIGKILLs its own process when a driver thread raises; under pytest-xdist
     # that takes the worker down unnamed and can hang the run. Record the error instead
     # and fail this test with it.
@@ -60,10 +64,13 @@ def test_orchestrator_serves_ada_engine(monkeypatch):
     config = preset("tiny")
     params = init_params(config, jax.random.PRNGKey(0), std=0.3)
     tok = CharTokenizer()
-    engine = Engine(config, num_slots=4, max_prompt_len=16, max_new_tokens=16,
-                    sampling=SamplingConfig(temperature=0.0), eos_ids=tok.eos_ids,
-                    slot_bucketing=False, max_prefill_rows=1)
-    jet = JetStreamEngine(engine, params, tok)
+    common = dict(num_slots=4, max_prompt_len=16, max_new_tokens=16,
+                  sampling=SamplingConfig(temperature=0.0), eos_ids=tok.eos_ids,
+                  max_prefill_rows=1)
+    engine = (Engine(config, slot_bucketing=False, **common) if kv_cache == "dense" else
+              PagedEngine(config, page_size=4, **common))
+    jet = jetstream_engine(engine, params, tok)
+    assert isinstance(jet, PagedJetStreamEngine) == (kv_cache == "paged")
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 500, n).tolist() for n in (5, 11, 3)]
     max_tokens = [6, 9, 12]

@@ -74,6 +74,15 @@ def _wait_for_banner(proc, out_path, err_path):
     pytest.fail(f"ada-serve did not start (rc={proc.poll()}):\n{err_path.read_text()[-3000:]}")
 
 
+def _start(argv, tmp_path):
+    """ada-serve in a subprocess: (process, its stdout file, its stderr file)."""
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "w") as fo, open(err, "w") as fe:
+        proc = subprocess.Popen([sys.executable, "-m", "ada.serve", *argv], stdout=fo, stderr=fe,
+                                env=ENV, cwd=ROOT)
+    return proc, out, err
+
+
 def _decode(stub, request):
     ids, text = [], []
     call = stub.Decode(request, timeout=120)
@@ -100,10 +109,7 @@ def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
     argv = ["--workdir", str(run_dir), "--step", "3", "--port", str(port), "--host", "127.0.0.1",
             "--mesh=2,2",  # slots over 2 of the 8 test devices, heads over 2
             "--truncate=left"]  # the 100-token prompt keeps its end (default: refused)
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with open(out, "w") as fo, open(err, "w") as fe:
-        proc = subprocess.Popen([sys.executable, "-m", "ada.serve", *argv], stdout=fo, stderr=fe,
-                                env=ENV, cwd=ROOT)
+    proc, out, err = _start(argv, tmp_path)
     try:
         # The expected answers, from the same engine and weights (step 3, not the latest 5),
         # computed while the server starts.
@@ -153,6 +159,45 @@ def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
         proc.terminate()  # SIGTERM: the server stops its driver and gRPC server, exits 0
         assert proc.wait(timeout=60) == 0, err.read_text()[-3000:]
         assert out.read_text().rstrip().endswith("ada-serve: stopped")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+@needs_jetstream
+def test_serves_the_paged_cache(run_dir, tmp_path):
+    """--kv_cache paged on a (2, 2) mesh (pages split over data with their slots): a gRPC
+    client gets the Driver's answers over the same paged engine, concurrently."""
+    import grpc
+    from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
+
+    from ada.sampling.driver import Driver, Request
+    from ada.sampling.paged import PagedEngine
+
+    port = free_port()
+    argv = ["--workdir", str(run_dir), "--port", str(port), "--host", "127.0.0.1",
+            "--mesh=2,2", "--kv_cache", "paged"]
+    proc, out, err = _start(argv, tmp_path)
+    try:
+        policy = _policy(argv)
+        assert isinstance(policy.engine, PagedEngine) and policy.engine.pool_shards == 2
+        tok, cap = policy.tokenizer.tokenizer, policy.engine.max_new_tokens
+        rng = np.random.default_rng(1)
+        prompts = [(rng.integers(3, tok.vocab_size, n).tolist(), min(m, cap))
+                   for n, m in ((7, 6), (13, 5), (4, 7))]
+        expected = Driver(policy.engine, policy.params, tokenizer=tok).generate_all(
+            [Request(ids, i, 0, m) for i, (ids, m) in enumerate(prompts)])
+        _wait_for_banner(proc, out, err)
+        stub = jetstream_pb2_grpc.OrchestratorStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        R = jetstream_pb2.DecodeRequest
+        sent = [R(token_content=R.TokenContent(token_ids=ids), max_tokens=m) for ids, m in prompts]
+        with ThreadPoolExecutor(len(sent)) as pool:
+            got = list(pool.map(lambda r: _decode(stub, r), sent))
+        for (ids, _), exp in zip(got, expected, strict=True):
+            assert ids == (exp.token_ids[:-1] if exp.finish_reason == "eos" else exp.token_ids)
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0, err.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

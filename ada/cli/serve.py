@@ -72,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
                    help="DATA,TENSOR: the engine's mesh over this host's devices, e.g. "
                         "--mesh=1,8 (default: the run's sampling.mesh; DATA -1: all of them)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    p.add_argument("--kv_cache", choices=["dense", "paged"], default=None,
+                   help="the KV cache to serve from (default: the run's sampling.kv_cache); "
+                        "paged reserves every slot's worst case: JetStream cannot defer")
     return p
 
 
@@ -161,9 +164,11 @@ def load_served(args, config, label: str, step: int | None) -> Served:
     max_new = args.max_new_tokens or config.sampling.max_new_tokens
     # One more position for the BOS JetStream prepends (masked out); its buckets start at 16.
     config.data.max_prompt_len = max(16, (args.max_prompt_len or config.data.max_prompt_len) + 1)
-    # JetStream's orchestrator fills slots itself (insert / generate): it serves from the
-    # dense cache; sampling.kv_cache=paged is the Driver's (training, evaluation, pass rates).
-    config.sampling.kv_cache = "dense"
+    # JetStream's orchestrator fills slots itself (insert / generate) and cannot defer a
+    # request: the paged cache is served with every slot's worst case reserved
+    # (jetstream_adapter.PagedJetStreamEngine)
+    config.sampling.kv_cache = args.kv_cache or config.sampling.kv_cache
+    config.sampling.num_pages = 0
     try:  # a ValueError here is an unreadable tokenizer, model config or weights
         run = setup.load_run(args.workdir, step, config=config)
         engine = setup.make_engine(config, run.model_cfg, run.tokenizer,

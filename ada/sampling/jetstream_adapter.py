@@ -14,6 +14,9 @@ only when this module is. The mapping onto ada.sampling.engine:
             device (valid=False after), and JetStream's max_tokens is applied by its
             detokenizer.
 
+The paged engine (sampling.kv_cache=paged, `ada-serve --kv_cache paged`) is served by
+`PagedJetStreamEngine`, with every slot's worst case reserved; `jetstream_engine` picks.
+
 A prompt longer than the engine's prefill (its max_prompt_len) is refused by
 `LimitedOrchestrator`, JetStream's gRPC servicer with a length check before a request is
 queued: INVALID_ARGUMENT naming the limit; or, under truncate="left" (ada-serve
@@ -188,6 +191,82 @@ class JetStreamEngine(engine_api.Engine):
     @property
     def colocated_cpus(self):
         return None
+
+
+@struct.dataclass
+class PagedJetPrefix:
+    tokens: jax.Array  # [T] int32: the prompt, right-padded
+    length: jax.Array  # [] int32: its true length
+    number: jax.Array  # [] uint32: the request's number (its key: request_key(step_key, n, 0))
+
+
+class PagedJetStreamEngine(JetStreamEngine):
+    """JetStream over a paged.PagedEngine (sampling.kv_cache=paged). JetStream's
+    orchestrator picks a slot and inserts into it with no say over memory, so the engine's
+    default pool reserves every slot's worst case (nothing is ever deferred or preempted).
+    `prefill` only reads the prompt (a slot's pages live in the decode state, which a
+    prefill does not see); `insert` takes the slot's pages back from its last request,
+    prefills the prompt into pages of the slot's data shard and attaches the slot to them
+    (paged.PagedEngine.prefill / attach, the Driver's own calls). The keys are the dense
+    adapter's: request n draws with request_key(step_key, n, 0)."""
+
+    def __init__(self, engine, params, tokenizer, step_key: Any = 0):
+        from ada.sampling.pages import PageAllocator
+
+        if not engine.full_reservation:
+            raise ValueError("serving the paged cache needs its default pool (num_pages=0): "
+                             "JetStream cannot defer a request whose pages do not fit")
+        super().__init__(engine, params, tokenizer, step_key)
+        self.alloc = PageAllocator(engine.num_pages, engine.page_size, engine.num_slots,
+                                   engine.pages_per_slot, shards=engine.pool_shards)
+        self._prepared = None
+
+    def load_params(self, *args, **kwargs):
+        self._prepared = self.engine.prepare_params(self._params)  # insert has no params
+        return self._prepared
+
+    def prefill(self, *, params, existing_prefix=None, padded_tokens,
+                true_length: int) -> PagedJetPrefix:
+        if existing_prefix is not None:
+            raise NotImplementedError("prefix continuation (existing_prefix) is not supported")
+        if int(true_length) < 1:
+            raise ValueError(f"true_length={true_length} must be >= 1")
+        tokens = np.asarray(padded_tokens, np.int32)
+        n = min(int(true_length), tokens.shape[-1])
+        return PagedJetPrefix(tokens=tokens, length=np.int32(n),
+                              number=np.uint32(next(self._counter)))
+
+    def insert(self, prefix: PagedJetPrefix, decode_state, slot: int):
+        e, a = self.engine, self.alloc
+        tokens = np.asarray(prefix.tokens)[:int(prefix.length)]
+        prompt = [int(t) for t in tokens if t >= 0]  # a BOS JetStream prepends as -1: none
+        if a.num_held[slot]:
+            a.free(slot)
+        pages = a.alloc_prompt(len(prompt), a.shard_of(slot))
+        state, logits = e.prefill(self._prepared, decode_state, [prompt], [pages])
+        state = e.attach(state, logits, a.attach(slot, pages, e.max_new_tokens), [slot], [0],
+                         [len(prompt)], self.step_key, [int(prefix.number)], [0],
+                         [e.max_new_tokens])
+        a.release_prompt(pages)  # the slot keeps its references
+        return state
+
+    def generate(self, params, decode_state):
+        e = self.engine
+        state, chunk = e.generate(params, decode_state, self.alloc.table, e.cache_len,
+                                  num_steps=1)
+        data = jnp.concatenate(
+            [chunk.tokens, chunk.valid.astype(jnp.int32), state.generated[:, None]], axis=-1)
+        return state, engine_api.ResultTokens(
+            data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
+            samples_per_slot=1)
+
+
+def jetstream_engine(engine, params, tokenizer, step_key: Any = 0) -> JetStreamEngine:
+    """The JetStream Engine over either of ada's engines (dense or paged)."""
+    from ada.sampling.paged import PagedEngine
+
+    cls = PagedJetStreamEngine if isinstance(engine, PagedEngine) else JetStreamEngine
+    return cls(engine, params, tokenizer, step_key)
 
 
 TRUNCATED_KEY = "ada-prompt-truncated"  # initial metadata of a truncated request: "N->LIMIT"

@@ -47,10 +47,10 @@ def serve(engine, params, tokenizer: ServedTokenizer, host: str, port: int, seed
     import functools
 
     # The adapter first: it undoes the DEBUG logging JetStream's orchestrator turns on.
-    from ada.sampling.jetstream_adapter import JetStreamEngine, LimitedOrchestrator  # isort: skip
+    from ada.sampling.jetstream_adapter import LimitedOrchestrator, jetstream_engine  # isort: skip
     from jetstream.core import config_lib, orchestrator, server_lib  # isort: skip
 
-    jet = JetStreamEngine(engine, params, tokenizer, step_key=seed)
+    jet = jetstream_engine(engine, params, tokenizer, step_key=seed)
     device = jet.mesh.devices.flat[0]
     server_config = config_lib.ServerConfig(interleaved_slices=(f"{device.platform}=1",),
                                             interleaved_engine_create_fns=(lambda _: jet,))
