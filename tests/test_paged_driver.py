@@ -154,6 +154,8 @@ def test_paged_knobs_and_their_errors():
         ([("sampling.kv_cache", "pages")], "sampling.kv_cache='pages' is not one of"),
         ([("sampling.kv_cache", "paged"), ("sampling.num_pages", "3")],
          "sampling.num_pages=3 cannot hold one request of 32 prompt + 8 new tokens"),
+        ([("sampling.kv_cache", "paged"), ("sampling.num_pages", "6"), ("sampling.mesh", "(2,1)")],
+         "in each of sampling.mesh's 2 data shards; pass --config.sampling.num_pages="),
     ):
         cfg = C.build_config(DEFAULT, overrides)
         with pytest.raises(C.ConfigError, match=re.escape(message)) as e:

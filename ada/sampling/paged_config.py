@@ -33,11 +33,16 @@ def kv_cache_problems(config) -> list[str]:
     problems = []
     prompt_len = 1 << max(0, (config.data.max_prompt_len - 1).bit_length())  # its bucket
     new = max(s.max_new_tokens, config.eval.max_new_tokens)
-    need = 1 + min_pool_pages(prompt_len, new, s.page_size, lookahead=s.chunk_size)
+    # each data shard of sampling.mesh holds its share (DATA -1, all devices: counted once
+    # here, make_engine checks again once it knows them)
+    data = max(int(s.mesh[0]), 1)
+    need = data * (1 + min_pool_pages(prompt_len, new, s.page_size, lookahead=s.chunk_size))
     if 0 < s.num_pages < need:
         problems.append(f"sampling.num_pages={s.num_pages} cannot hold one request of "
-                        f"{prompt_len} prompt + {new} new tokens in pages of {s.page_size}; pass "
-                        f"--config.sampling.num_pages={need} or more (0 = every slot's worst case)")
+                        f"{prompt_len} prompt + {new} new tokens in pages of {s.page_size}"
+                        + (f" in each of sampling.mesh's {data} data shards" if data > 1 else "")
+                        + f"; pass --config.sampling.num_pages={need} or more (0 = every slot's "
+                        "worst case)")
     return problems
 
 
