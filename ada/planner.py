@@ -54,7 +54,6 @@ from jax.sharding import PartitionSpec as P
 from ada import config as cfglib
 from ada import methods, setup
 from ada import sharding as shd
-from ada.bucket_moves import cache_sized_moves
 from ada.config import ConfigError
 from ada.hlo_bytes import EXPLAIN_GROUPS, collectives, costings, group_ops, hlo_op_bytes
 from ada.models.hf_config import CheckpointError, read_config
@@ -69,6 +68,7 @@ from ada.roofline import (
     prefill_floor,
     with_shardings,
 )
+from ada.sampling.bucket_moves import cache_sized_moves
 from ada.sampling.pages import slots_that_fit
 from ada.tokenizer import load_tokenizer
 
@@ -399,7 +399,7 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     whose reads the compiler cannot count); the paged cache's slots are planned beside them
     (`plan_paged`). `log(program)` is called as each program starts compiling (ada.cli.plan's
     progress line). `buckets`: also compile every bucket of the dense and the paged engine and
-    count the cache-sized moves between chips in them (ada.bucket_moves)."""
+    count the cache-sized moves between chips in them (ada.sampling.bucket_moves)."""
     config = copy.deepcopy(config)
     config.sampling.kv_cache = "dense"
     n, first = len(devices), [d for d in devices if d.process_index == 0]

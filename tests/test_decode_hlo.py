@@ -188,15 +188,15 @@ def test_moves_are_told_apart():
 
 def test_v5e_no_cache_moves_between_chips_in_any_bucket():
     """Every program a sampler compiles on a data 2 x tensor 2 v5e slice, dense and paged,
-    for every bucket (ada.bucket_moves): generate at each window (slot bucketing asked for,
-    and dropped: the first b slots of a batch-split cache lie on the first shards, and a
-    chunk on them moved every layer's cache between chips), prefill at the smallest and
+    for every bucket (ada.sampling.bucket_moves): generate at each window (slot bucketing
+    asked for, and dropped: the first b slots of a batch-split cache lie on the first shards,
+    and a chunk on them moved every layer's cache between chips), prefill at the smallest and
     largest row bucket, insert / attach at every count. None holds a collective of a cache,
     a pool or a prompt's keys and values; generate, insert and attach hold no plain copy of
     one either (prefill lays its prompt's new keys and values out as the cache holds them: a
     copy on the chip). The paged pool is split over data with its slots; without its
     shard_map (paged.on_shards) the same generate all-reduces every layer's gathered pages."""
-    from ada.bucket_moves import cache_sized_moves
+    from ada.sampling.bucket_moves import cache_sized_moves
     from ada.sampling.paged import PagedEngine
 
     try:
@@ -229,7 +229,7 @@ def test_kv_moves_sees_a_cache_moved_between_chips():
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from ada.bucket_moves import kv_moves
+    from ada.sampling.bucket_moves import kv_moves
 
     mesh = shd.make_mesh((2, 1, 2), jax.devices("cpu")[:4])
     cache = jax.ShapeDtypeStruct((SLOTS, 2, PROMPT, 128), jnp.float32,

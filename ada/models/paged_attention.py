@@ -144,8 +144,11 @@ def attention_gather(q_BxTxHxHd, pages_PxSxCxHd, page_table_BxW, start_B, config
             page_table_BxW, lo)
         first, W = lo * page_size, n
     S = W * page_size
-    kv = pages_PxSxCxHd[page_table_BxW].reshape(B, S, K, 2, Hd)
-    k, v = kv[..., 0, :].astype(q_BxTxHxHd.dtype), kv[..., 1, :].astype(q_BxTxHxHd.dtype)
+    # keys and values gathered apart (not the window whole, then sliced: one copy less;
+    # 1.2x faster on XLA:CPU, docs/results.md "Pages with their slots")
+    pool = pages_PxSxCxHd.reshape(-1, page_size, K, 2, Hd)
+    k, v = (pool[page_table_BxW, :, :, i].reshape(B, S, K, Hd).astype(q_BxTxHxHd.dtype)
+            for i in (0, 1))
     q = q_BxTxHxHd.reshape(B, T, K, H // K, Hd)
     scores = scale_scores(jnp.einsum("btkgh,bskh->bkgts", q, k).astype(jnp.float32), config)
     q_pos = (start_B[:, None] + jnp.arange(T)[None, :])[:, :, None]
