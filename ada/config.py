@@ -257,7 +257,7 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
     path = paths.path(workdir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found; is {workdir} a run directory?")
-    saved = json.loads(path.read_text())
+    saved = json.loads(paths.read_bytes(path))
 
     def flat(d, prefix=""):
         for k, v in d.items():

@@ -128,7 +128,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, force_config: 
     line's): stop after the step a signal arrives in, with a checkpoint (summary["stopped"]).
     Raises ConfigError before writing anything when a resume's config is refused."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("absl", "jax", "orbax"):
+    for noisy in ("absl", "jax", "orbax", "fsspec", "gcsfs"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     workdir = str(paths.path(workdir))
     resume = check_resume(config, workdir, force_config)

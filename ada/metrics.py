@@ -69,7 +69,7 @@ def read_jsonl(path: str) -> list[dict]:
     if not p.exists():
         return []
     rows = []
-    for line in p.read_bytes().decode("utf-8").splitlines(keepends=True):
+    for line in paths.read_bytes(p).decode("utf-8").splitlines(keepends=True):
         if not line.endswith("\n"):
             break
         try:
@@ -117,7 +117,8 @@ class MetricsWriter:
             elif paths.path(self.path).exists():
                 truncate_jsonl(self.path, -1)  # a fresh run starts a fresh file
             if paths.is_remote(self.path):
-                self._text = paths.path(self.path).read_text() if resume_step is not None else ""
+                self._text = (paths.read_bytes(self.path).decode("utf-8")
+                              if resume_step is not None else "")
             else:
                 self._f = open(self.path, "a", encoding="utf-8")
         except OSError as e:

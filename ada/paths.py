@@ -47,6 +47,14 @@ def join(p, *parts: str) -> str:
     return str(path(p).joinpath(*parts))
 
 
+def read_bytes(p) -> bytes:
+    """A whole file. On gs:// one GET, so an object that is rewritten meanwhile (a live run's
+    metrics.jsonl) is read whole, old or new; fsspec's ranged read-ahead can wait forever
+    for bytes of the old one."""
+    p = path(p)
+    return fsspec.filesystem("gcs").cat_file(str(p)) if is_remote(p) else p.read_bytes()
+
+
 def write_atomic(p, data: str | bytes) -> None:
     """Write a whole file so that a reader never sees half of it."""
     p = path(p)
@@ -64,7 +72,7 @@ def append_text(p, text: str) -> None:
     """Append to a file (an object is rewritten whole: object stores cannot append)."""
     p = path(p)
     if is_remote(p):
-        old = p.read_text() if p.exists() else ""
+        old = read_bytes(p).decode("utf-8") if p.exists() else ""
         p.write_text(old + text)
         return
     with open(p, "a", encoding="utf-8") as f:

@@ -131,8 +131,8 @@ def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]
     template = init_params(model_cfg, jax.random.key(seed))
     if file.exists():
         try:
-            params = serialization.from_bytes(template, file.read_bytes())
-            meta = json.loads(info.read_text()) if info.exists() else {}
+            params = serialization.from_bytes(template, paths.read_bytes(file))
+            meta = json.loads(paths.read_bytes(info)) if info.exists() else {}
             return params, {"cached": True, "path": path, "loss": meta.get("loss")}
         except Exception as e:  # a corrupt cache entry is recomputed, never trusted
             log.warning("warm-start cache %s unreadable (%s); recomputing", path, e)

@@ -47,7 +47,8 @@ def observed_response_len(workdir: str, last: int = 20) -> int:
     steps (metrics.jsonl), for planning the paged cache at what the run really draws."""
     path = paths.path(workdir) / "metrics.jsonl"
     try:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in paths.read_bytes(path).decode().splitlines()
+                if line.strip()]
     except (OSError, ValueError) as e:
         raise ConfigError(f"--run {workdir}: cannot read {path} ({e}); pass a run's workdir "
                           "or set --config.sampling.mean_response_len") from None
