@@ -304,6 +304,9 @@ class Checkpointer:
         return self._restore(step, target)
 
     def _complete(self, step: int | None) -> int:
+        """`step` (default: the latest), once the save in flight is done; FileNotFoundError
+        when it is not complete."""
+        self.wait_until_finished()
         if step is None:
             step = self.latest_step()
             if step is None:
@@ -315,7 +318,6 @@ class Checkpointer:
 
     def _restore(self, step: int, target) -> tuple[Any, dict]:
         ocp = _ocp()
-        self.wait_until_finished()
         mgr = self._manager()
         mgr.reload()  # steps written since it was made (by another process or command)
         out = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),

@@ -19,16 +19,12 @@ BUCKET = "ada-test"
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
     """The emulator's environment for child processes (and this one, while the module runs)."""
-    port = _free_port()
+    from test_serve import free_port
+
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     try:
         log = open(tmp_path_factory.mktemp("emulator") / "log", "w+")  # a pipe would fill up
