@@ -28,7 +28,6 @@ from etils import epath  # noqa: E402
 # Other processes of a run, and orbax's tensorstore writes, add objects that a cached listing
 # would not show: list gs:// afresh every time (a checkpoints folder holds a few steps).
 fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
-Path = epath.Path
 REMOTE_PREFIXES = ("gs://",)
 
 
@@ -57,14 +56,12 @@ def read_bytes(p) -> bytes:
 
 def write_atomic(p, data: str | bytes) -> None:
     """Write a whole file so that a reader never sees half of it."""
-    p = path(p)
+    p, data = path(p), data.encode("utf-8") if isinstance(data, str) else data
     if is_remote(p):
-        p.write_bytes(data) if isinstance(data, bytes) else p.write_text(data)
+        p.write_bytes(data)
         return
     tmp = p.with_name(f"{p.name}.tmp{os.getpid()}")
-    mode = "wb" if isinstance(data, bytes) else "w"
-    with open(tmp, mode, **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as f:
-        f.write(data)
+    tmp.write_bytes(data)
     os.replace(tmp, p)
 
 
