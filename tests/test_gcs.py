@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from test_faults import ROOT, STEPS, check_after_kills, command, kill_inside_saves, rows, run
+from test_faults import ROOT, check_after_kills, command, kill_inside_saves, rows, run
 
 BUCKET = "ada-test"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -70,24 +70,26 @@ def gcs(tmp_path_factory):
 
 
 def test_a_gs_run_killed_mid_run_resumes_to_the_same_rows(gcs):
-    """An uninterrupted gs:// run beside one SIGKILLed once step 3's row is written (step 1's
-    checkpoint is complete by then, step 2's may be in flight); the killed one, resumed by the same command, ends with the same
-    metrics rows; evaluate / serve's loader and the planner's --run read the run from gs://."""
+    """An uninterrupted gs:// run of 6 steps beside one SIGKILLed once step 3's row is written
+    (step 1's checkpoint is complete by then, a later one may be in flight); the killed one,
+    resumed by the same command, ends with the same metrics rows; evaluate / serve's loader
+    and the planner's --run read the run from gs://."""
     from ada import setup
     from ada.checkpoint import complete_steps
     from ada.cli.plan import observed_response_len
     from ada.metrics import read_jsonl
 
-    whole, killed = f"gs://{BUCKET}/whole", f"gs://{BUCKET}/killed"
-    first = subprocess.Popen(command(whole, gcs), env=gcs, cwd=ROOT, text=True,
+    whole, killed, steps = f"gs://{BUCKET}/whole", f"gs://{BUCKET}/killed", 6
+    longer = f"--config.train.steps={steps}"
+    first = subprocess.Popen(command(whole, gcs, longer), env=gcs, cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    victim = subprocess.Popen(command(killed, gcs), env=gcs, cwd=ROOT, text=True,
+    victim = subprocess.Popen(command(killed, gcs, longer), env=gcs, cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 240
-        while not [r for r in read_jsonl(f"{killed}/metrics.jsonl") if r["step"] >= STEPS - 1]:
+        while not [r for r in read_jsonl(f"{killed}/metrics.jsonl") if r["step"] >= 3]:
             assert victim.poll() is None, victim.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, f"no step {STEPS - 1} in 240 s"
+            assert time.monotonic() < deadline, "no step 3 in 240 s"
             time.sleep(0.05)
         victim.send_signal(signal.SIGKILL)
         victim.wait()
@@ -98,14 +100,14 @@ def test_a_gs_run_killed_mid_run_resumes_to_the_same_rows(gcs):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert complete_steps(f"{killed}/checkpoints")[0] == 1  # and perhaps 2
-    r = run(killed, gcs)
+    assert 1 <= complete_steps(f"{killed}/checkpoints")[-1] < steps  # killed mid-run
+    r = run(killed, gcs, longer)
     assert r.returncode == 0, r.stderr[-3000:]
     assert rows(killed) == rows(whole) and [x["step"] for x in rows(whole)] == \
-        list(range(STEPS + 1))
-    assert complete_steps(f"{whole}/checkpoints") == [STEPS - 1, STEPS]  # keep=2
+        list(range(steps + 1))
+    assert complete_steps(f"{whole}/checkpoints") == [steps - 1, steps]  # keep=2
     loaded = setup.load_run(whole)
-    assert loaded.step == STEPS and loaded.policy == f"{whole}/checkpoints/{STEPS}"
+    assert loaded.step == steps and loaded.policy == f"{whole}/checkpoints/{steps}"
     assert observed_response_len(whole) >= 1
 
 
