@@ -1,55 +1,52 @@
-"""Training checkpoints with orbax: atomic, keep-last-k, resume from the latest complete.
+"""Training checkpoints on orbax's CheckpointManager: async saves, keep-last-k, resume from
+the latest complete step, on a local disk or gs://.
 
-A checkpoint directory holds one sub-directory per step, `<workdir>/checkpoints/<step>/`,
-written by orbax's Checkpointer (it writes into a temporary directory and renames it
-into place only when every process has finished, so a kill mid-write leaves no `<step>`
-directory). Each step has two items:
+A checkpoint directory holds one sub-directory per step, `<checkpoints>/<step>/`, with two
+items:
 
   state/  the array pytree: params, optimizer state, RNG key data (any pytree)
   meta/   JSON: step, data-iterator state, adaptive sampler state, config fingerprint
 
-A step directory is *complete* when orbax's commit markers and both items are present.
-Anything else in the directory — orbax temporaries, a half-copied step — is ignored with
-a warning, never restored and never counted against keep-last-k; training removes such
-leftovers when it starts (`clean_partial`, with the same warning). Old steps are deleted only
-after the new one is complete, so keep-last-k never leaves fewer complete steps than before;
-re-saving an existing step first sets the old one aside (`<step>.superseded`), which a start
-puts back if the new one never completed.
+orbax does the writing (ada keeps only what a checkpoint holds, the resume rule and the fault
+hooks): `save` returns once the arrays are copied off the device and the write finishes on a
+thread while training goes on; one save is in flight at a time (the next waits for it); old
+steps are deleted only after the new one is complete (max_to_keep). A step is *complete* when
+orbax finalized it (locally: renamed into place from its temporary directory; on gs://,
+where a rename is a copy: its `commit_success.txt` marker, written last) and its
+`_CHECKPOINT_METADATA` is there. Anything else, such as the leftovers of a killed save, is
+never restored: training's start removes it with a warning (`clean_partial`).
 
 A write that fails for want of space or permission (ENOSPC, EDQUOT, EFBIG, EACCES, EPERM,
-EROFS) raises `StorageError`, whose one-line message names the path, the errno and the fix;
-the temporary directory of that write is removed and no earlier step is touched.
+EROFS) raises `StorageError` at the next `save` or `wait_until_finished`, with a one-line
+message naming the path, the errno and the fix; that write's leftovers are removed and no
+earlier step is touched.
 
 Tests choose the moment of a real SIGKILL inside a save with ADA_FAULT=checkpoint.POINT@STEP
-(`_fault`): start (nothing written), tmp (orbax's temporary directory made, no item written),
-items (both items written, not committed), committed (in place, old steps not yet deleted),
-gc (one old step deleted), superseded (an existing step set aside, the new not written).
+(`_fault`): start (nothing written), write (the save handed to orbax's thread, training goes
+on: the write may or may not have finished), items (every item written, not committed).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import io
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
-import time
 import warnings
 from typing import Any
 
 import jax
 import numpy as np
 
+from ada import paths
+
 log = logging.getLogger(__name__)
 
 _STEP_RE = re.compile(r"^\d+$")
-_LEFTOVER_RE = re.compile(r"^\d+(\.orbax-checkpoint-tmp.*|\.superseded)?$")
-_REQUIRED = ("_CHECKPOINT_METADATA", "state", "meta")
-SUPERSEDED = ".superseded"
+_LEFTOVER_RE = re.compile(r"^(\d+)(\.orbax-checkpoint-tmp.*)?$")
+ITEMS = ("state", "meta")
 FAULT_ENV = "ADA_FAULT"  # tests: checkpoint.POINT@STEP -> SIGKILL this process there
 # errno of a write that cannot succeed until a person frees space or grants permission
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM,
@@ -91,12 +88,36 @@ def _fault(point: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class _QuietWriteErrors(logging.Filter):
-    """orbax logs a failed write's traceback (absl, ERROR) before raising it; the caller
-    reports it in one line instead."""
+class _QuietOrbaxErrors(logging.Filter):
+    """orbax logs a failed write's traceback (absl, ERROR) from its threads before the error
+    reaches `save` / `wait_until_finished`; ada reports a full disk or a permission error
+    there in one line instead."""
 
     def filter(self, record):
-        return record.levelno < logging.ERROR
+        exc = record.exc_info[1] if record.exc_info else None
+        return record.levelno < logging.ERROR or exc is None or storage_errno(exc) is None
+
+
+def _quiet_closed_loop(hook):
+    """sys.unraisablehook without the 'Event loop is closed' echoes of a failed write: the
+    other pending writes' callbacks, which find orbax's event loop already closed."""
+
+    def quiet(u):
+        if not (isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value)):
+            hook(u)
+
+    quiet.ada = True
+    return quiet
+
+
+def _quiet_write_errors() -> None:
+    if _QUIET not in logging.getLogger("absl").filters:
+        logging.getLogger("absl").addFilter(_QUIET)
+    if not getattr(sys.unraisablehook, "ada", False):
+        sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
+
+
+_QUIET = _QuietOrbaxErrors()
 
 
 def _ocp():
@@ -105,94 +126,98 @@ def _ocp():
     return ocp
 
 
-def is_complete(step_dir: str) -> bool:
-    """True when orbax finished this step (commit markers and both items present)."""
-    if not os.path.isdir(step_dir):
-        return False
-    names = set(os.listdir(step_dir))
-    if not all(r in names for r in _REQUIRED):
-        return False
-    state = os.path.join(step_dir, "state")
-    meta = os.path.join(step_dir, "meta")
-    return (
-        os.path.isdir(state)
-        and "_METADATA" in os.listdir(state)
-        and os.path.isdir(meta)
-        and any(os.path.isfile(os.path.join(meta, f)) for f in os.listdir(meta))
-    )
+def is_complete(step_dir) -> bool:
+    """True when orbax finalized this step (renamed into place, or on gs:// its commit
+    marker written) and its _CHECKPOINT_METADATA is there (not a half-copied folder)."""
+    p = paths.path(step_dir)
+    return (p.is_dir() and _ocp().path.step.is_checkpoint_finalized(p)
+            and (p / "_CHECKPOINT_METADATA").exists())
 
 
-def complete_steps(directory: str) -> list[int]:
+def complete_steps(directory) -> list[int]:
     """The complete steps under `directory`, ascending; creates and warns about nothing."""
-    if not os.path.isdir(directory):
+    d = paths.path(directory)
+    if not d.is_dir():
         return []
-    return sorted(int(n) for n in os.listdir(directory)
-                  if _STEP_RE.match(n) and is_complete(os.path.join(directory, n)))
+    return sorted(int(p.name) for p in d.iterdir() if _STEP_RE.match(p.name) and is_complete(p))
 
 
 class Checkpointer:
-    """Save / restore (array pytree, JSON meta) per step under one directory.
+    """Save / restore (array pytree, JSON meta) per step under one directory (local or gs://).
 
-    All processes call `save` and `restore` (orbax coordinates the per-process writes of
-    sharded arrays); only process 0 deletes old steps.
+    All processes call `save`, `wait_until_finished` and `restore` (orbax coordinates the
+    per-process writes of sharded arrays, and deletes old steps from process 0). Call
+    `wait_until_finished` (or `close`) before reporting a step as saved.
     """
 
-    def __init__(self, directory: str, keep: int = 3):
+    def __init__(self, directory, keep: int = 3):
         if keep < 1:
             raise ValueError(f"keep={keep} must be >= 1")
-        self.directory = os.path.abspath(directory)
+        self.directory = paths.path(directory)
         self.keep = keep
-        os.makedirs(self.directory, exist_ok=True)
-        ocp = _ocp()
-        self._handler = _handler()
-        self._ckpt = ocp.Checkpointer(self._handler)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        _quiet_write_errors()
+        self._mgr = None
+        self._pending: int | None = None  # the step whose write is in flight
+        self.last_complete: int | None = None  # as of the latest wait for a save
         self._warned: set[str] = set()
+
+    def _manager(self):
+        """orbax's CheckpointManager, made on first use (after `clean_partial`, which it
+        would otherwise count leftovers with)."""
+        if self._mgr is None:
+            ocp = _ocp()
+            hook = os.environ.get(FAULT_ENV, "")
+            after_items = None
+            if hook.startswith("checkpoint.items@"):
+                after_items = lambda: _fault("items", self._pending)  # noqa: E731
+            self._mgr = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
+                max_to_keep=self.keep, create=False, enable_async_checkpointing=True,
+                async_options=ocp.AsyncOptions(post_finalization_callback=after_items)))
+        return self._mgr
 
     # -------------------------------------------------------------------- listing
 
+    def _entries(self) -> list:
+        """What the directory holds (on gs:// an empty folder does not exist)."""
+        return list(self.directory.iterdir()) if self.directory.is_dir() else []
+
     def _scan(self) -> tuple[list[int], list[str]]:
         complete, incomplete = [], []
-        for name in os.listdir(self.directory):
-            path = os.path.join(self.directory, name)
-            if _STEP_RE.match(name) and is_complete(path):
-                complete.append(int(name))
-            elif os.path.isdir(path) or _STEP_RE.match(name):
-                incomplete.append(name)
+        for p in self._entries():
+            if _STEP_RE.match(p.name) and is_complete(p):
+                complete.append(int(p.name))
+            elif p.is_dir() or _STEP_RE.match(p.name):
+                incomplete.append(p.name)
         return sorted(complete), sorted(incomplete)
 
     def all_steps(self) -> list[int]:
         """Complete steps, ascending; warns once about each incomplete entry."""
         complete, incomplete = self._scan()
         for name in incomplete:
-            if name not in self._warned:
+            m = _LEFTOVER_RE.match(name)
+            if name not in self._warned and not (m and int(m.group(1)) == self._pending):
                 self._warned.add(name)
-                msg = (f"ignoring incomplete checkpoint {os.path.join(self.directory, name)} "
+                msg = (f"ignoring incomplete checkpoint {self.directory / name} "
                        "(half-written or not an orbax step); resuming from the latest complete one")
                 warnings.warn(msg, CheckpointWarning, stacklevel=2)
                 log.warning(msg)
         return complete
 
     def clean_partial(self) -> None:
-        """Training's start: put back a step set aside by a re-save that never completed, and
-        remove every incomplete leftover of an ada / orbax write, with a warning; other
+        """Training's start: remove every incomplete leftover of an orbax write (a temporary
+        directory, or on gs:// a step without its commit marker), with a warning; other
         entries are left alone. Process 0 deletes; every process calls it."""
         if jax.process_index() == 0:
-            for name in sorted(os.listdir(self.directory)):
-                path = os.path.join(self.directory, name)
-                step = os.path.join(self.directory, name.removesuffix(SUPERSEDED))
-                if name.endswith(SUPERSEDED) and is_complete(path) and not is_complete(step):
-                    shutil.rmtree(step, ignore_errors=True)
-                    os.rename(path, step)
-                    log.warning("put back checkpoint %s: its re-save never completed", step)
-                elif _LEFTOVER_RE.match(name) and not is_complete(path):
-                    self._warned.add(name)
+            for p in sorted(self._entries()):
+                if _LEFTOVER_RE.match(p.name) and not is_complete(p):
+                    self._warned.add(p.name)
                     log.warning("ignoring incomplete checkpoint %s (a save was interrupted) and "
-                                "removing it; resuming from the latest complete one", path)
-                    if os.path.isdir(path):
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        os.remove(path)
+                                "removing it; resuming from the latest complete one", p)
+                    p.rmtree() if p.is_dir() else p.unlink()
         _barrier("ckpt_clean")
+        if self._mgr is not None:
+            self._mgr.reload()
 
     def latest_step(self) -> int | None:
         steps = self.all_steps()
@@ -212,76 +237,49 @@ class Checkpointer:
     # -------------------------------------------------------------------- save / restore
 
     def save(self, step: int, state: Any, meta: dict) -> str:
-        """Write step atomically, then keep only the last `keep` complete steps. A full disk
-        or a permission error raises StorageError and leaves every earlier step as it was."""
+        """Start writing `step`: returns once the arrays are copied off the device, after
+        waiting for the previous save (so at most one is in flight). Old steps beyond `keep`
+        are deleted once it is complete. A full disk or a permission error raises
+        StorageError here or at the next `save` / `wait_until_finished`."""
         ocp = _ocp()
         step = int(step)
-        path = os.path.join(self.directory, str(step))
-        aside = path + SUPERSEDED
+        self.wait_until_finished()
         _fault("start", step)
-        if os.path.exists(path):
-            if is_complete(path):
-                log.info("checkpoint %s exists; replacing it", path)
-            else:
-                warnings.warn(f"replacing incomplete checkpoint directory {path}", CheckpointWarning,
-                              stacklevel=2)
-            if jax.process_index() == 0:
-                shutil.rmtree(aside, ignore_errors=True)
-                if is_complete(path):
-                    os.rename(path, aside)  # until the new one is complete
-                else:
-                    shutil.rmtree(path)
-            _barrier(f"ckpt_rm_{step}")
-            _fault("superseded", step)
-        meta = dict(meta, step=step)
-        self._handler.step = step
-        # A failed write makes orbax log its traceback, and its other pending writes print
-        # 'Event loop is closed' tracebacks from their threads: the failure is reported here
-        # in one line instead; a successful save's output is passed on afterwards.
-        quiet, printed = _QuietWriteErrors(), io.StringIO()
-        logging.getLogger("absl").addFilter(quiet)
+        self._pending = step
         try:
-            with contextlib.redirect_stderr(printed):
-                try:
-                    self._ckpt.save(path, args=ocp.args.Composite(
-                        state=ocp.args.StandardSave(state),
-                        meta=ocp.args.JsonSave(_jsonable(meta))))
-                except Exception as e:
-                    code = storage_errno(e)
-                    if code is None:
-                        raise
-                    time.sleep(0.5)  # the other writes' callbacks print now, into `printed`
-                    self._remove_temporaries(step)
-                    raise StorageError(f"checkpoint {step} to", self.directory, code) from None
-        except StorageError:
-            raise
-        except BaseException:
-            sys.stderr.write(printed.getvalue())
-            raise
-        finally:
-            logging.getLogger("absl").removeFilter(quiet)
-        sys.stderr.write(printed.getvalue())
-        _fault("committed", step)
+            self._manager().save(step, force=True, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                meta=ocp.args.JsonSave(_jsonable(dict(meta, step=step)))))
+        except Exception as e:  # noqa: BLE001 - mapped to StorageError when it is one
+            self._failed(e)
+        _fault("write", step)
+        return str(self.directory / str(step))
+
+    def wait_until_finished(self) -> int | None:
+        """Block until the save in flight (if any) is complete; returns the latest step known
+        complete (None if none). The call a final preemption save ends with."""
+        if self._pending is not None:
+            try:
+                self._mgr.wait_until_finished()
+            except Exception as e:  # noqa: BLE001
+                self._failed(e)
+            self._pending = None
+        self.last_complete = self.latest_step()
+        return self.last_complete
+
+    def _failed(self, e: Exception):
+        """The save of `self._pending` failed: its leftovers removed, a StorageError for a
+        full disk or a permission error, other errors as they are."""
+        step, self._pending = self._pending, None
         if jax.process_index() == 0:
-            shutil.rmtree(aside, ignore_errors=True)
-        self._gc()
-        return path
-
-    def _remove_temporaries(self, step: int) -> None:
-        if jax.process_index() != 0:
-            return
-        for name in os.listdir(self.directory):
-            if name.startswith(f"{step}.orbax-checkpoint-tmp"):
-                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-
-    def _gc(self) -> None:
-        if jax.process_index() != 0:
-            return
-        complete, _ = self._scan()
-        for i, step in enumerate(complete[: max(0, len(complete) - self.keep)]):
-            if i:
-                _fault("gc", complete[-1])
-            shutil.rmtree(os.path.join(self.directory, str(step)), ignore_errors=True)
+            for p in self._entries():
+                m = _LEFTOVER_RE.match(p.name)
+                if m and int(m.group(1)) == step and not is_complete(p):
+                    p.rmtree() if p.is_dir() else p.unlink()
+        code = storage_errno(e)
+        if code is None:
+            raise e
+        raise StorageError(f"checkpoint {step} to", str(self.directory), code) from None
 
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict, int]:
         """Restore `step` (default: latest complete) into the structure/shardings of `target`.
@@ -289,66 +287,52 @@ class Checkpointer:
         `target` is a pytree of arrays or `jax.ShapeDtypeStruct`s (with shardings for a
         sharded restore). Returns (state, meta, step).
         """
-        ocp = _ocp()
-        if step is None:
-            step = self.latest_step()
-            if step is None:
-                raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
-        path = os.path.join(self.directory, str(int(step)))
-        if not is_complete(path):
-            raise FileNotFoundError(f"checkpoint {path} is missing or incomplete; "
-                                    f"complete steps: {self.all_steps()}")
-        abstract = jax.tree.map(_abstract, target)
-        out = self._ckpt.restore(
-            path,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract),
-                meta=ocp.args.JsonRestore(),
-            ),
-        )
-        return out["state"], dict(out["meta"]), int(step)
+        step = self._complete(step)
+        state, meta = self._restore(step, jax.tree.map(_abstract, target))
+        return state, meta, step
 
     def restore_params(self, step: int | None = None) -> tuple[dict, dict]:
         """Restore the stored pytree onto this process's first device, whatever mesh wrote
         it (no target needed; for export, eval and comparisons)."""
-        ocp = _ocp()
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
-        path = os.path.join(self.directory, str(int(step)))
+        step = self._complete(step)
         # the item's handler reads its own metadata (StandardCheckpointer().metadata would look
         # for a _CHECKPOINT_METADATA in state/, which only the step has, and warn it is absent)
-        from etils import epath
-
-        md = ocp.StandardCheckpointHandler().metadata(epath.Path(path) / "state")
+        md = _ocp().StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
         md = getattr(md, "item_metadata", md)
         one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), md)
-        out = self._ckpt.restore(
-            path, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                          meta=ocp.args.JsonRestore()))
+        return self._restore(step, target)
+
+    def _complete(self, step: int | None) -> int:
+        """`step` (default: the latest), once the save in flight is done; FileNotFoundError
+        when it is not complete."""
+        self.wait_until_finished()
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        if not is_complete(self.directory / str(int(step))):
+            raise FileNotFoundError(f"checkpoint {self.directory / str(int(step))} is missing or "
+                                    f"incomplete; complete steps: {self.all_steps()}")
+        return int(step)
+
+    def _restore(self, step: int, target) -> tuple[Any, dict]:
+        ocp = _ocp()
+        mgr = self._manager()
+        mgr.reload()  # steps written since it was made (by another process or command)
+        out = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                        meta=ocp.args.JsonRestore()))
         return out["state"], dict(out["meta"])
 
-    def close(self) -> None:
-        self._ckpt.close()
-
-
-def _handler():
-    """orbax's composite handler; under ADA_FAULT with the fault points `tmp` (temporary
-    directory made, no item written) and `items` (both items written, not committed)."""
-    handler = _ocp().CompositeCheckpointHandler()
-    handler.step = -1
-    if os.environ.get(FAULT_ENV, "").startswith("checkpoint."):
-        save = handler.save
-
-        def save_with_faults(directory, *args, **kwargs):
-            _fault("tmp", handler.step)
-            out = save(directory, *args, **kwargs)
-            _fault("items", handler.step)
-            return out
-
-        handler.save = save_with_faults
-    return handler
+    def close(self) -> int | None:
+        """Finish the save in flight (StorageError if it failed) and release orbax's threads;
+        returns the latest complete step."""
+        try:
+            return self.wait_until_finished()
+        finally:
+            if self._mgr is not None:
+                self._mgr.close()
+                self._mgr = None
 
 
 def _abstract(x):

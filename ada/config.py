@@ -26,21 +26,19 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
-import errno
 import importlib.util
 import json
 import logging
 import os
 import re
 import sys
-import tempfile
 import traceback
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import ml_collections
 
-from ada import methods
+from ada import methods, paths
 from ada.adaptive.collect import CollectConfig
 from ada.data.sources import BAD_ROW_POLICIES
 from ada.knobs import RENAMED, base_config, describe, leaves  # noqa: F401 (describe: for the CLI)
@@ -256,11 +254,10 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
     base(): keys renamed since (ada.knobs.RENAMED) take their new names, knobs added since
     their defaults, and a key this version no longer has is dropped with a warning. The one
     place a saved config is read."""
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
+    path = paths.path(workdir) / "config.json"
+    if not path.exists():
         raise FileNotFoundError(f"{path} not found; is {workdir} a run directory?")
-    with open(path) as f:
-        saved = json.load(f)
+    saved = json.loads(paths.read_bytes(path))
 
     def flat(d, prefix=""):
         for k, v in d.items():
@@ -324,36 +321,13 @@ def sweep_name(overrides: dict[str, Any]) -> str:
 
 
 def check_workdir(workdir: str) -> None:
-    """The output directory must exist or be creatable, and be writable. A directory made to
-    find out is removed again: a run that stops before writing leaves nothing behind."""
+    """The output directory (local or gs://) must exist or be creatable, and be writable;
+    checked before any compile (ada.paths.workdir_problem)."""
     if not workdir:
         raise ConfigError("no output directory; pass --workdir DIR")
-    path = os.path.abspath(workdir)
-    probe = path
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"output directory {workdir!r} exists and is not a directory; pick another --workdir")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        why = "EROFS, a read-only file system" if os.statvfs(probe).f_flag & os.ST_RDONLY else \
-            "EACCES"
-        raise ConfigError(f"output directory {workdir!r} is not writable ({probe} denies writes: "
-                          f"{why}); pick another --workdir or fix its permissions")
-    try:  # try it now so the error comes before any compile
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write_test"):
-            pass
-    except OSError as e:
-        raise ConfigError(f"output directory {workdir!r} is not writable ({e.strerror}, "
-                          f"{errno.errorcode.get(e.errno, e.errno)}); pick another --workdir "
-                          "or fix its permissions or space") from None
-    finally:
-        while path != probe and os.path.isdir(path) and not os.listdir(path):
-            os.rmdir(path)  # made here (probe was the deepest that existed)
-            path = os.path.dirname(path)
+    problem = paths.workdir_problem(workdir)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _dataclass_problems(section: str, cls, error: ValueError, keys) -> list[str]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from ada import paths
 from ada.models.hf import save_hf
 from ada.models.hf_config import check_vocab
 from ada.models.transformer import ModelConfig, Params
@@ -105,7 +107,16 @@ def export_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike) -> list[s
 def export_hf(params: Params, model_cfg: ModelConfig, tokenizer: Tokenizer,
               out_dir: str | os.PathLike) -> list[str]:
     """Write `params` (save_hf) and `tokenizer` (export_tokenizer) into `out_dir`; checks first
-    that the tokenizer's ids fit the embedding, so no half-usable directory is written.
-    Returns the written file names."""
+    that the tokenizer's ids fit the embedding, so no half-usable directory is written. A gs://
+    `out_dir` is written locally first, then copied up file by file. Returns the written
+    file names."""
     check_vocab(model_cfg, tokenizer.vocab_size)
-    return save_hf(params, model_cfg, out_dir) + export_tokenizer(tokenizer, out_dir)
+    if not paths.is_remote(out_dir):
+        return save_hf(params, model_cfg, out_dir) + export_tokenizer(tokenizer, out_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        names = export_hf(params, model_cfg, tokenizer, tmp)
+        for name in names:
+            with open(os.path.join(tmp, name), "rb") as src, \
+                    paths.path(out_dir).joinpath(name).open("wb") as dst:
+                shutil.copyfileobj(src, dst, 64 << 20)
+    return names

@@ -25,6 +25,7 @@ train step over the global mesh with the fixed [P, n] batch shape.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -36,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ada import distributed, knobs, setup, watch
+from ada import distributed, knobs, paths, setup, watch
 from ada import sharding as shd
 from ada.checkpoint import FAULT_ENV, Checkpointer, StorageError, complete_steps, storage_errno
 from ada.config import ConfigError, load_run_config
@@ -80,7 +81,7 @@ def check_resume(config, workdir: str, force: bool = False) -> dict | None:
     (a new run). Else what changed: {"changes": {key: [saved, new]}, "forced": bool,
     "restart": no complete checkpoint (anything may change)}. Raises ConfigError (one line)
     for a change knobs.resume_changes refuses, unless `force`."""
-    if not os.path.exists(os.path.join(workdir, "config.json")):
+    if not paths.path(workdir).joinpath("config.json").exists():
         return None
     try:
         saved = load_run_config(workdir)
@@ -88,7 +89,7 @@ def check_resume(config, workdir: str, force: bool = False) -> dict | None:
         raise ConfigError(f"{workdir}/config.json cannot be read ({e}); pass another "
                           "--workdir") from None
     refused, allowed = knobs.resume_changes(saved, config)
-    restart = not complete_steps(os.path.join(workdir, "checkpoints"))
+    restart = not complete_steps(paths.join(workdir, "checkpoints"))
     if refused and not (force or restart):
         raise ConfigError(knobs.refusal(workdir, refused))
     return {"changes": {k: [a, b] for k, a, b in refused + allowed},
@@ -99,12 +100,9 @@ def _write_json(path: str, obj, what: str, *, append: bool = False) -> None:
     """Write (atomically) or append one JSON document; a full disk is a StorageError."""
     try:
         if append:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
-            return
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        os.replace(path + ".tmp", path)
+            paths.append_text(path, json.dumps(obj, sort_keys=True, default=str) + "\n")
+        else:
+            paths.write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str))
     except OSError as e:
         code = storage_errno(e)
         if code is None:
@@ -118,9 +116,9 @@ def record_config(config, workdir: str, resume: dict | None, step: int) -> None:
     if not distributed.is_main():
         return
     if resume is None or resume["restart"] or resume["forced"]:
-        _write_json(os.path.join(workdir, "config.json"), config.to_dict(), "the run's config")
+        _write_json(paths.join(workdir, "config.json"), config.to_dict(), "the run's config")
     if resume and resume["changes"]:
-        _write_json(os.path.join(workdir, HISTORY_FILE), {
+        _write_json(paths.join(workdir, HISTORY_FILE), {
             "time": datetime.datetime.now().isoformat(timespec="seconds"), "step": step,
             "changes": resume["changes"], "forced": resume["forced"],
             "restart": resume["restart"]}, "the config history", append=True)
@@ -132,14 +130,14 @@ def train(config, workdir: str, *, stop_after: int | None = None, force_config: 
     line's): stop after the step a signal arrives in, with a checkpoint (summary["stopped"]).
     Raises ConfigError before writing anything when a resume's config is refused."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("absl", "jax", "orbax"):
+    for noisy in ("absl", "jax", "orbax", "fsspec", "gcsfs"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    workdir = os.path.abspath(workdir)
+    workdir = str(paths.path(workdir))
     resume = check_resume(config, workdir, force_config)
     try:
         return _train(config, workdir, resume, stop_after, preemption)
     except StorageError as e:
-        last = complete_steps(os.path.join(workdir, "checkpoints"))
+        last = complete_steps(paths.join(workdir, "checkpoints"))
         e.resume = f"step {last[-1]}" if last else "the start"
         raise
 
@@ -170,7 +168,7 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
     # a copy: the train step donates the state's buffers under a mesh
     ref_params = jax.tree.map(jnp.copy, state.params) if c.loss.kl_coef > 0 else None
     try:
-        ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=c.checkpoint.keep)
+        ckpt = Checkpointer(paths.join(workdir, "checkpoints"), keep=c.checkpoint.keep)
     except OSError as e:
         if storage_errno(e) is None:
             raise
@@ -220,41 +218,46 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         ckpt.save(at, state_tree(state, jax.random.key_data(base_key)),
                   {"data": iterator.get_state(), "sampler": counters, "method": c.method,
                    "guard": guard})
-        hint(at)
+        hint(ckpt.last_complete)  # `at` is written while the next steps run
         return at
 
     step, t_run = start, time.perf_counter()
     stopped = preemption.requested() if preemption else None  # e.g. during the first eval
-    while step < c.train.steps and not stopped:
-        step += 1
-        _injected_fault(step)
-        state, m, _ = rl_step(state, next(iterator), jax.random.fold_in(base_key, step),
-                              rollout=s.rollout, fns=s.fns, method=c.method, layout=layout,
-                              normalize_std=c.adaptive.normalize_std, ref_params=ref_params,
-                              more_prompts=iterator,
-                              update_diagnostics=c.log.update_diagnostics)
-        counters = {"samples_total": int(counters["samples_total"] + m["samples"]),
-                    "prompts_total": int(counters["prompts_total"] + c.data.prompts_per_step)}
-        m["samples_total"] = counters["samples_total"]
-        skipped = bool(m.get("skipped", 0) > 0)
-        guard = {"skipped_steps": guard["skipped_steps"] + skipped,
-                 "skipped_in_row": guard["skipped_in_row"] + 1 if skipped else 0}
-        m["skipped_steps"] = guard["skipped_steps"]
-        finite = bool(jax.device_get(_all_finite(state.params)))
-        if c.eval.every and finite and (step % c.eval.every == 0 or step == c.train.steps):
-            m.update(evaluate_held_out(s, state.params))
-        writer.write(step, m)
-        bar.update(m)
-        _check_finite(c, step, finite, guard, saved)
-        if step % c.checkpoint.every == 0 or step == c.train.steps:
-            saved = save(step)
-        if stop_after is not None and step >= stop_after:
-            break
-        stopped = preemption.requested() if preemption else None  # every process: same answer
-    if stopped:
-        if step > start and saved != step:
-            saved = save(step)
-        ckpt.close()  # finishes an in-flight save: the final checkpoint is complete here
+    try:
+        while step < c.train.steps and not stopped:
+            step += 1
+            _injected_fault(step)
+            state, m, _ = rl_step(state, next(iterator), jax.random.fold_in(base_key, step),
+                                  rollout=s.rollout, fns=s.fns, method=c.method, layout=layout,
+                                  normalize_std=c.adaptive.normalize_std, ref_params=ref_params,
+                                  more_prompts=iterator,
+                                  update_diagnostics=c.log.update_diagnostics)
+            counters = {"samples_total": int(counters["samples_total"] + m["samples"]),
+                        "prompts_total": int(counters["prompts_total"] + c.data.prompts_per_step)}
+            m["samples_total"] = counters["samples_total"]
+            skipped = bool(m.get("skipped", 0) > 0)
+            guard = {"skipped_steps": guard["skipped_steps"] + skipped,
+                     "skipped_in_row": guard["skipped_in_row"] + 1 if skipped else 0}
+            m["skipped_steps"] = guard["skipped_steps"]
+            finite = bool(jax.device_get(_all_finite(state.params)))
+            if c.eval.every and finite and (step % c.eval.every == 0 or step == c.train.steps):
+                m.update(evaluate_held_out(s, state.params))
+            writer.write(step, m)
+            bar.update(m)
+            _check_finite(c, step, finite, guard, saved)
+            if step % c.checkpoint.every == 0 or step == c.train.steps:
+                saved = save(step)
+            if stop_after is not None and step >= stop_after:
+                break
+            stopped = preemption.requested() if preemption else None  # every process: same answer
+            if stopped and saved != step:
+                saved = save(step)
+        saved = ckpt.close()  # the last save complete (StorageError if its write failed)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the save in flight is of a good step: finish it
+            ckpt.close()
+        raise
+    hint(saved)
     bar.close()
     writer.close()
 
@@ -262,23 +265,23 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
                "samples_total": counters["samples_total"], "method": c.method}
     if stopped:
         summary.update(stopped=signal.Signals(stopped).name,
-                       checkpoint=os.path.join(ckpt.directory, str(saved)) if saved else None)
+                       checkpoint=paths.join(ckpt.directory, str(saved)) if saved else None)
         distributed.sync("train_stopped")
         return summary
     if c.checkpoint.export_hf and step >= c.train.steps:
         params = shd.gather_to_host(state.params)  # every process joins
         if main:
-            summary["hf"] = os.path.join(workdir, "hf")
+            summary["hf"] = paths.join(workdir, "hf")
             export_hf(params, s.model_cfg, s.tokenizer, summary["hf"])
     if main:
-        evals = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+        evals = [r for r in read_jsonl(paths.join(workdir, "metrics.jsonl"))
                  if r.get("eval_accuracy") is not None]
         if evals:
             summary["eval_accuracy_first"] = evals[0]["eval_accuracy"]
             summary["eval_accuracy_final"] = evals[-1]["eval_accuracy"]
         if c.log.plots:
             summary["plot"] = plot_run(workdir)
-        _write_json(os.path.join(workdir, "summary.json"), summary, "the run's summary")
+        _write_json(paths.join(workdir, "summary.json"), summary, "the run's summary")
     distributed.sync("train_end")
     return summary
 

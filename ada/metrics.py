@@ -10,6 +10,7 @@ it is dropped on the next start.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -17,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+from ada import paths
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -61,29 +64,25 @@ def _clean(record: dict) -> dict:
 
 
 def read_jsonl(path: str) -> list[dict]:
-    """Every complete line of a metrics file (a torn last line is skipped)."""
-    if not os.path.exists(path):
+    """Every complete line of a metrics file, local or gs:// (a torn last line is skipped)."""
+    p = paths.path(path)
+    if not p.exists():
         return []
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
+    for line in paths.read_bytes(p).decode("utf-8").splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
     return rows
 
 
 def truncate_jsonl(path: str, last_step: int) -> int:
     """Keep only records with step <= last_step (and no torn line); returns how many kept."""
     rows = [r for r in read_jsonl(path) if int(r.get("step", -1)) <= last_step]
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    paths.write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     return len(rows)
 
 
@@ -96,7 +95,8 @@ def _storage(e: OSError, path: str):
 
 
 class MetricsWriter:
-    """JSONL (always) + TensorBoard (optional) writer; a no-op off process 0."""
+    """JSONL (always) + TensorBoard (optional) writer; a no-op off process 0. A local file
+    is appended to and fsynced each step; a gs:// one is rewritten whole (no appends there)."""
 
     def __init__(self, workdir: str, tensorboard: bool = True, resume_step: int | None = None,
                  enabled: bool | None = None, tracker=None):
@@ -104,34 +104,44 @@ class MetricsWriter:
         (plot_run) on eval steps."""
         self.enabled = _is_main() if enabled is None else enabled
         self.workdir, self._tracker = workdir, tracker
-        self.path = os.path.join(workdir, METRICS_FILE)
+        self.path = paths.join(workdir, METRICS_FILE)
         self._tb = None
         self._f = None
+        self._text = None  # a gs:// file's lines so far
         if not self.enabled:
             return
         try:
-            os.makedirs(workdir, exist_ok=True)
+            paths.path(workdir).mkdir(parents=True, exist_ok=True)
             if resume_step is not None:
                 truncate_jsonl(self.path, resume_step)
-            elif os.path.exists(self.path):
+            elif paths.path(self.path).exists():
                 truncate_jsonl(self.path, -1)  # a fresh run starts a fresh file
-            self._f = open(self.path, "a", encoding="utf-8")
+            if paths.is_remote(self.path):
+                self._text = (paths.read_bytes(self.path).decode("utf-8")
+                              if resume_step is not None else "")
+            else:
+                self._f = open(self.path, "a", encoding="utf-8")
         except OSError as e:
             raise _storage(e, self.path) from None
         if tensorboard:
             from tensorboardX import SummaryWriter
 
             purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge)
+            self._tb = SummaryWriter(paths.join(workdir, "tb"), purge_step=purge)
 
     def write(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
         record = _clean({"step": int(step), **metrics})
+        line = json.dumps(record, sort_keys=True) + "\n"
         try:
-            self._f.write(json.dumps(record, sort_keys=True) + "\n")
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            if self._f is None:
+                self._text += line
+                paths.write_atomic(self.path, self._text)
+            else:
+                self._f.write(line)
+                self._f.flush()
+                os.fsync(self._f.fileno())
         except OSError as e:
             raise _storage(e, self.path) from None
         if self._tb is not None:
@@ -250,7 +260,7 @@ PLOT_TITLES = {
 def plot_run(workdir: str, keys: Iterable[str] = PLOT_KEYS, out: str | None = None) -> str | None:
     """One PNG with a panel per metric against training steps, up to three panels a row;
     returns its path (None if no data)."""
-    rows = read_jsonl(os.path.join(workdir, METRICS_FILE))
+    rows = read_jsonl(paths.join(workdir, METRICS_FILE))
     keys = [k for k in keys if len(series(rows, k)[0])]
     if not keys:
         return None
@@ -274,7 +284,9 @@ def plot_run(workdir: str, keys: Iterable[str] = PLOT_KEYS, out: str | None = No
     for ax in axes.flat[len(keys):]:
         ax.set_visible(False)
     fig.tight_layout()
-    out = out or os.path.join(workdir, "metrics.png")
-    fig.savefig(out, dpi=100)
+    out = out or paths.join(workdir, "metrics.png")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    paths.write_atomic(out, png.getvalue())
     return out

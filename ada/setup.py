@@ -19,8 +19,8 @@ from typing import Any
 
 import jax
 
+from ada import paths, warmstart
 from ada import sharding as shd
-from ada import warmstart
 from ada.checkpoint import Checkpointer
 from ada.config import ConfigError, collect_config, load_run_config, train_config
 from ada.data.preprocess import DifficultyFilter, difficulty_filter
@@ -416,14 +416,14 @@ def load_run(workdir: str | None, step: int | None = None, *, config=None) -> Lo
     if workdir is not None:
         built = load_run_config(workdir)
         config = built if config is None else config
-        ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+        ckpt = Checkpointer(paths.join(workdir, "checkpoints"))
         step = ckpt.pick_step(step)
     task = None if built.tokenizer.path or built.model.path else load_task(built)
     tokenizer = load_tokenizer_for(built, task)
     model_cfg = model_config_for(built, tokenizer)
     if step is not None:
         params = ckpt.restore_params(step)[0]["params"]
-        policy = f"{os.path.abspath(ckpt.directory)}/{step}"
+        policy = paths.join(ckpt.directory, str(step))
     else:
         if task is None and built.warmstart.enabled:
             task = load_task(built)

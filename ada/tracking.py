@@ -13,11 +13,13 @@ uploads later. wandb is imported only here, only when enabled.
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
 import uuid
 from collections.abc import Sequence
+
+from ada import paths
 
 STATE_FILE = "wandb.json"
 
@@ -66,17 +68,16 @@ class WandbLogger:
         import wandb
 
         self.workdir, self._wandb = workdir, wandb
-        self._state_path = os.path.join(workdir, STATE_FILE)
+        self._state_path = paths.join(workdir, STATE_FILE)
         state = {}
-        if os.path.exists(self._state_path):
-            with open(self._state_path) as f:
-                state = json.load(f)
+        if paths.path(self._state_path).exists():
+            state = json.loads(paths.read_bytes(self._state_path))
         self.run_id = state.get("run_id") or uuid.uuid4().hex[:12]
         try:
             self.run = wandb.init(
                 project=project, entity=entity or None, id=self.run_id, resume="allow",
-                dir=workdir, config=config, mode=mode or None,
-                name=name or os.path.basename(os.path.abspath(workdir)),
+                dir=None if paths.is_remote(workdir) else workdir,  # W&B's own files: local
+                config=config, mode=mode or None, name=name or paths.path(workdir).name,
                 settings=wandb.Settings(silent=True, console="off"))
         except Exception as e:  # a failed login, a bad entity, no network in online mode
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -86,16 +87,18 @@ class WandbLogger:
         self._save()
 
     def _save(self) -> None:
-        tmp = self._state_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"run_id": self.run_id}, f)
-        os.replace(tmp, self._state_path)
+        paths.write_atomic(self._state_path, json.dumps({"run_id": self.run_id}))
 
     def log(self, step: int, metrics: dict, images: Sequence[str] = ()) -> None:
         """Send step's numeric metrics (and PNG files as images)."""
         data = _numbers(metrics)
         for path in images:
-            data[os.path.splitext(os.path.basename(path))[0]] = self._wandb.Image(path)
+            image = path
+            if paths.is_remote(path):  # wandb.Image reads local files
+                from PIL import Image
+
+                image = Image.open(io.BytesIO(paths.read_bytes(path)))
+            data[paths.path(path).stem] = self._wandb.Image(image)
         self.run.log(data, step=step)
 
     def close(self) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Sequence
 
 import jax
@@ -23,6 +22,7 @@ import numpy as np
 import optax
 from flax import serialization
 
+from ada import paths
 from ada.models.transformer import ModelConfig, forward, init_params, positions_from_mask
 
 log = logging.getLogger(__name__)
@@ -121,18 +121,18 @@ def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]
                key_parts: str, steps: int, batch_size: int, lr: float, seed: int, pad_id: int,
                cache_dir: str, init=None) -> tuple[dict, dict]:
     """`init` (default: a random init from `seed`) + `steps` supervised steps, cached in
-    `cache_dir/<key>.msgpack` (the key must name `init`'s own making).
+    `cache_dir/<key>.msgpack`, a local folder or gs:// (the key must name `init`'s own making).
 
     Returns (params, info) with info = {"cached": bool, "path": ..., "loss": ...}.
     """
-    os.makedirs(cache_dir, exist_ok=True)
-    path = os.path.join(cache_dir, f"warmstart-{key_parts}.msgpack")
+    paths.path(cache_dir).mkdir(parents=True, exist_ok=True)
+    path = paths.join(cache_dir, f"warmstart-{key_parts}.msgpack")
+    file, info = paths.path(path), paths.path(path + ".json")
     template = init_params(model_cfg, jax.random.key(seed))
-    if os.path.exists(path):
+    if file.exists():
         try:
-            with open(path, "rb") as f:
-                params = serialization.from_bytes(template, f.read())
-            meta = json.load(open(path + ".json")) if os.path.exists(path + ".json") else {}
+            params = serialization.from_bytes(template, paths.read_bytes(file))
+            meta = json.loads(paths.read_bytes(info)) if info.exists() else {}
             return params, {"cached": True, "path": path, "loss": meta.get("loss")}
         except Exception as e:  # a corrupt cache entry is recomputed, never trusted
             log.warning("warm-start cache %s unreadable (%s); recomputing", path, e)
@@ -142,12 +142,7 @@ def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]
                                     steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                     pad_id=pad_id, log_every=max(steps // 5, 1))
     params = jax.device_get(params)
-    if jax.process_index() == 0:
-        tmp = path + f".tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(serialization.to_bytes(params))
-        with open(tmp + ".json", "w") as f:
-            json.dump({"loss": loss, "steps": steps}, f)
-        os.replace(tmp + ".json", path + ".json")
-        os.replace(tmp, path)  # atomic: a reader sees the old state or the whole file
+    if jax.process_index() == 0:  # a reader sees no file or the whole of it
+        paths.write_atomic(info, json.dumps({"loss": loss, "steps": steps}))
+        paths.write_atomic(file, serialization.to_bytes(params))
     return params, {"cached": False, "path": path, "loss": loss}

@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +31,7 @@ def test_round_trip_and_keep_last_k(tmp_path):
     states = {s: _state(s) for s in (1, 2, 3)}
     for s, st in states.items():
         ck.save(s, st, {"data": {"epoch": 0, "position": 10 * s}, "sampler": {"rounds": [s, 1]}})
-    assert ck.all_steps() == [2, 3]
+    assert ck.wait_until_finished() == 3 and ck.all_steps() == [2, 3]
     got, meta, step = ck.restore(_state(0))
     assert step == 3 and _equal(got, states[3])
     assert type(got["opt_state"][0]).__name__ == "ScaleByAdamState"
@@ -46,6 +45,7 @@ def test_half_written_step_ignored_with_warning(tmp_path):
     d = tmp_path / "ck"
     ck = Checkpointer(str(d), keep=3)
     ck.save(4, _state(4), {})
+    ck.close()
     # a half-written step: a copy of step 4 missing orbax's metadata, under a later number
     shutil.copytree(d / "4", d / "9")
     os.remove(d / "9" / "_CHECKPOINT_METADATA")
@@ -57,12 +57,12 @@ def test_half_written_step_ignored_with_warning(tmp_path):
     assert not is_complete(str(d / "9"))
     got, meta, step = ck2.restore(_state(0))
     assert step == 4 and _equal(got, _state(4))
-    # incomplete dirs never count against keep-last-k and a new save replaces a junk dir
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CheckpointWarning)
-        for s in (9, 10, 11):
-            ck2.save(s, _state(s), {})
-        assert ck2.all_steps() == [9, 10, 11]
+    # training's start removes the junk; it never counts against keep-last-k
+    ck2.clean_partial()
+    assert sorted(os.listdir(d)) == ["4"]
+    for s in (9, 10, 11):
+        ck2.save(s, _state(s), {})
+    assert ck2.close() == 11 and ck2.all_steps() == [9, 10, 11]
 
 
 def test_restore_missing(tmp_path):

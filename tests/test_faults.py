@@ -345,56 +345,65 @@ from ada.checkpoint import Checkpointer
 d = sys.argv[1]
 for spec in sys.argv[2:]:
     step, keep, value = (int(x) for x in spec.split(":"))
-    Checkpointer(d, keep=keep).save(step, {"w": np.full((64, 64), float(value))}, {"v": value})
+    ck = Checkpointer(d, keep=keep)
+    ck.save(step, {"w": np.full((64, 64), float(value))}, {"v": value})
+    ck.close()
 print("not killed")
 """
 
-# point -> (saves as step:keep:value, ADA_FAULT step, latest complete step after, its value)
+# point -> (saves as step:keep:value, ADA_FAULT step, complete steps after, latest's value)
 KILLS = {
-    "start": (["1:2:1", "2:2:2", "3:2:3"], 3, 2, 2),  # nothing of step 3 written
-    "tmp": (["1:2:1", "2:2:2", "3:2:3"], 3, 2, 2),  # orbax's temporary directory, no item
-    "items": (["1:2:1", "2:2:2", "3:2:3"], 3, 2, 2),  # both items written, not committed
-    "committed": (["1:2:1", "2:2:2", "3:2:3"], 3, 3, 3),  # in place, old ones not deleted
-    "gc": (["1:3:1", "2:3:2", "3:1:3"], 3, 3, 3),  # keep=1: one of two old steps deleted
-    "superseded": (["1:2:1", "2:2:2", "2:2:9"], 2, 2, 2),  # a re-save of 2 never completed
+    "start": (["1:2:1", "2:2:2", "3:2:3"], 3, [[1, 2]], 2),  # nothing of step 3 written
+    "write": (["1:2:1", "2:2:2", "3:2:3"], 3, [[1, 2], [2, 3]], None),  # in flight on its thread
+    "items": (["1:2:1", "2:2:2", "3:2:3"], 3, [[1, 2]], 2),  # every item written, not committed
+    "keep": (["1:3:1", "2:3:2", "3:1:3"], 3, [[1, 2]], 2),  # keep=1: nothing deleted before
 }
 
 
-def test_a_kill_inside_a_checkpoint_save_loses_nothing(tmp_path, caplog):
-    """SIGKILL at each point of a save (ADA_FAULT picks the moment; the kill is real): the
-    next start resumes from the newest complete checkpoint, a partial one is removed with a
-    warning, and keep-last-k never left fewer complete steps than before."""
+def kill_inside_saves(root, kills=KILLS, env=None):
+    """Run the saves of each KILLS row in a process SIGKILLed at its point (side by side)."""
+    procs = {}
+    for point, (saves, at, _, _) in kills.items():
+        fault = f"checkpoint.{'items' if point == 'keep' else point}@{at}"
+        procs[point] = subprocess.Popen(
+            [sys.executable, "-c", _SAVER, f"{root}/{point}", *saves],
+            env=dict(env or os.environ, JAX_PLATFORMS="cpu", ADA_FAULT=fault), cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for point, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == -signal.SIGKILL, (point, out, err[-2000:])
+
+
+def check_after_kills(root, caplog, kills=KILLS):
+    """The next start resumes from the newest complete checkpoint (the kill never left one
+    that looks complete and is not), a partial one is removed with a warning, and keep-last-k
+    never left fewer complete steps than before."""
     import logging
 
     import jax.numpy as jnp
 
     from ada.checkpoint import Checkpointer, complete_steps
 
-    procs = {}
-    for point, (saves, at, _, _) in KILLS.items():
-        env = dict(os.environ, JAX_PLATFORMS="cpu", ADA_FAULT=f"checkpoint.{point}@{at}")
-        procs[point] = subprocess.Popen([sys.executable, "-c", _SAVER, str(tmp_path / point),
-                                         *saves], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
-    for point, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == -signal.SIGKILL, (point, out, err[-2000:])
-    for point, (_, at, latest, value) in KILLS.items():
-        d = str(tmp_path / point)
-        assert complete_steps(d), point  # a complete checkpoint survived every kill
+    for point, (_, at, after, value) in kills.items():
+        d = f"{root}/{point}"
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="ada.checkpoint"):
             ck = Checkpointer(d)
             ck.clean_partial()  # what training does when it starts
-        assert ck.latest_step() == latest, point
-        state, meta, _ = ck.restore({"w": jnp.zeros((64, 64))})
-        assert float(state["w"][0, 0]) == value and meta["v"] == value, point
-        assert all(n.isdigit() for n in os.listdir(d)), (point, os.listdir(d))  # cleaned
+        assert complete_steps(d) in after, (point, complete_steps(d))
+        state, meta, step = ck.restore({"w": jnp.zeros((64, 64))})
+        assert float(state["w"][0, 0]) == meta["v"] == (value or step), point
+        left = sorted(p.name for p in ck.directory.iterdir())
+        assert left == [str(s) for s in complete_steps(d)], (point, left)  # cleaned
         said = " ".join(r.getMessage() for r in caplog.records)
-        if point in ("tmp", "items"):
-            assert "ignoring incomplete checkpoint" in said and f"{at}.orbax" in said, point
-        if point == "superseded":
-            assert "put back checkpoint" in said
+        if point in ("items", "keep"):
+            assert "ignoring incomplete checkpoint" in said and f"/{at}" in said, point
+
+
+def test_a_kill_inside_a_checkpoint_save_loses_nothing(tmp_path, caplog):
+    """SIGKILL at each point of a save (ADA_FAULT picks the moment; the kill is real)."""
+    kill_inside_saves(tmp_path)
+    check_after_kills(tmp_path, caplog)
 
 
 # ----------------------------------------------------------------------------- 4: reward workers

@@ -31,6 +31,7 @@ import os
 from collections.abc import Sequence
 
 from ada import config as cfglib
+from ada import paths
 from ada.config import DEFAULT_CONFIG, ConfigError, fail
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def _check_args(args) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
     if not os.path.isfile(args.input):
         raise ConfigError(f"--input {args.input}: no such file")
-    if args.workdir and not os.path.isfile(os.path.join(args.workdir, "config.json")):
+    if args.workdir and not paths.path(args.workdir).joinpath("config.json").is_file():
         raise ConfigError(f"--workdir {args.workdir} is not a run directory (no config.json)")
     if args.model and not os.path.isdir(args.model):
         raise ConfigError(f"--model {args.model}: no such directory; pass a local Hugging Face "

@@ -24,7 +24,7 @@ import time
 import jax
 
 from ada import config as cfglib
-from ada import planner
+from ada import paths, planner
 from ada.config import DEFAULT_CONFIG, ConfigError
 from ada.hlo_bytes import explain
 from ada.planner import GIB, check_config, fits, make_plan
@@ -45,9 +45,10 @@ def cpu_devices(n: int) -> list:
 def observed_response_len(workdir: str, last: int = 20) -> int:
     """A run's mean response length in tokens: `response_tokens_mean` over its last `last`
     steps (metrics.jsonl), for planning the paged cache at what the run really draws."""
-    path = pathlib.Path(workdir) / "metrics.jsonl"
+    path = paths.path(workdir) / "metrics.jsonl"
     try:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in paths.read_bytes(path).decode().splitlines()
+                if line.strip()]
     except (OSError, ValueError) as e:
         raise ConfigError(f"--run {workdir}: cannot read {path} ({e}); pass a run's workdir "
                           "or set --config.sampling.mean_response_len") from None

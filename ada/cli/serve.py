@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ada import config as cfglib
+from ada import paths
 from ada.config import DEFAULT_CONFIG, ConfigError, fail
 
 EXAMPLE_PROBLEM = "What is 12 + 34?"
@@ -91,13 +92,13 @@ def resolve(args) -> tuple[Any, str, int | None]:
     before any weight is read."""
     if args.workdir:
         wd = args.workdir
-        if not os.path.isfile(os.path.join(wd, "config.json")):
+        if not paths.path(wd).joinpath("config.json").is_file():
             raise ConfigError(f"--workdir {wd} is not a run directory (no config.json); train one "
                               f"with python -m ada.runner --workdir {wd}, or pass --model HF_DIR")
         from ada.checkpoint import Checkpointer
 
         config = cfglib.load_run_config(wd)
-        ckpt = Checkpointer(os.path.join(wd, "checkpoints"))
+        ckpt = Checkpointer(paths.join(wd, "checkpoints"))
         try:
             step = ckpt.pick_step(args.step)
         except FileNotFoundError as e:
