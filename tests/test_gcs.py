@@ -1,7 +1,8 @@
 """A run on gs:// against a GCS server: gcp-storage-emulator on localhost
 (tests/gcs_emulator.py), reached by orbax's tensorstore (TENSORSTORE_GCS_HTTP_URL), gcsfs and
 google-cloud-storage (STORAGE_EMULATOR_HOST) through their endpoint settings. A training run with --workdir
-gs://... is SIGKILLed mid-run and resumed, and ends with the rows of an uninterrupted one; a
+gs://... is SIGKILLed (or sent SIGTERM: exit 143) mid-run and resumed, and ends with the rows
+of an uninterrupted one; a
 kill inside a save leaves the previous checkpoint usable (docs/reliability.md).
 """
 
@@ -69,42 +70,46 @@ def gcs(tmp_path_factory):
     log.close()
 
 
-def test_a_gs_run_killed_mid_run_resumes_to_the_same_rows(gcs):
-    """An uninterrupted gs:// run of 6 steps beside one SIGKILLed once step 3's row is written
-    (step 1's checkpoint is complete by then, a later one may be in flight); the killed one,
-    resumed by the same command, ends with the same metrics rows; evaluate / serve's loader
-    and the planner's --run read the run from gs://."""
+def test_a_gs_run_killed_or_preempted_mid_run_resumes_to_the_same_rows(gcs):
+    """An uninterrupted gs:// run of 6 steps beside one SIGKILLed and one sent SIGTERM once
+    step 3's row is written (step 1's checkpoint is complete by then, a later one may be in
+    flight). The preempted one checkpoints and exits 143; each, resumed by the same command,
+    ends with the same metrics rows; evaluate / serve's loader and the planner's --run read
+    the run from gs://."""
     from ada import setup
     from ada.checkpoint import complete_steps
     from ada.cli.plan import observed_response_len
     from ada.metrics import read_jsonl
 
-    whole, killed, steps = f"gs://{BUCKET}/whole", f"gs://{BUCKET}/killed", 6
+    whole, steps = f"gs://{BUCKET}/whole", 6
+    stops = {f"gs://{BUCKET}/killed": signal.SIGKILL, f"gs://{BUCKET}/preempted": signal.SIGTERM}
     longer = f"--config.train.steps={steps}"
-    first = subprocess.Popen(command(whole, gcs, longer), env=gcs, cwd=ROOT, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    victim = subprocess.Popen(command(killed, gcs, longer), env=gcs, cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    start = lambda wd: subprocess.Popen(command(wd, gcs, longer), env=gcs, cwd=ROOT, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first, victims = start(whole), {wd: start(wd) for wd in stops}
     try:
         deadline = time.monotonic() + 240
-        while not [r for r in read_jsonl(f"{killed}/metrics.jsonl") if r["step"] >= 3]:
-            assert victim.poll() is None, victim.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no step 3 in 240 s"
-            time.sleep(0.05)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait()
+        for wd, victim in victims.items():
+            while not [r for r in read_jsonl(f"{wd}/metrics.jsonl") if r["step"] >= 3]:
+                assert victim.poll() is None, victim.communicate()[1][-3000:]
+                assert time.monotonic() < deadline, "no step 3 in 240 s"
+                time.sleep(0.05)
+            victim.send_signal(stops[wd])
+        codes = {wd: v.wait(timeout=120) for wd, v in victims.items()}
         out, err = first.communicate(timeout=240)
         assert first.returncode == 0, err[-3000:]
     finally:
-        for p in (first, victim):
+        for p in (first, *victims.values()):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert 1 <= complete_steps(f"{killed}/checkpoints")[-1] < steps  # killed mid-run
-    r = run(killed, gcs, longer)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert rows(killed) == rows(whole) and [x["step"] for x in rows(whole)] == \
-        list(range(steps + 1))
+    assert codes == {f"gs://{BUCKET}/killed": -signal.SIGKILL, f"gs://{BUCKET}/preempted": 143}
+    for wd in stops:
+        assert 1 <= complete_steps(f"{wd}/checkpoints")[-1] < steps  # stopped mid-run
+        r = run(wd, gcs, longer)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert rows(wd) == rows(whole), wd
+    assert [x["step"] for x in rows(whole)] == list(range(steps + 1))
     assert complete_steps(f"{whole}/checkpoints") == [steps - 1, steps]  # keep=2
     loaded = setup.load_run(whole)
     assert loaded.step == steps and loaded.policy == f"{whole}/checkpoints/{steps}"
