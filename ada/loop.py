@@ -200,11 +200,13 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
     bar = Progress(c.train.steps, initial=start, enabled=main and c.log.progress)
     saved = start if resumed else None
 
+    def resume_text(at):
+        return f"to resume from step {at} (the latest checkpoint)" if at else "to start again"
+
     def hint(at):
-        text = f"to resume from step {at} (the latest checkpoint)" if at else "to start again"
-        if preemption is not None:
-            preemption.training(text)
-        watch.set_resume_hint(f"rerun the same command on every host {text}")
+        if preemption is not None:  # read when its line is due: a save may complete meanwhile
+            preemption.training(lambda: resume_text(ckpt.latest_step()))
+        watch.set_resume_hint(f"rerun the same command on every host {resume_text(at)}")
 
     hint(saved)
     if not resumed:

@@ -105,7 +105,7 @@ class Preemption:
             what = f"a second {name}: stopped at once, without checkpointing the current step"
         else:
             what = f"{name}: stopped before training started, nothing lost"
-        watch.exit_now(exit_code(signum), f"{what}; rerun {self.command} {self.resume}",
+        watch.exit_now(exit_code(signum), f"{what}; rerun {self.command} {self._resume()}",
                        f"{watch.this_process()} received {what}")
 
     def _stop(self, signum: int) -> None:
@@ -119,7 +119,7 @@ class Preemption:
         what = (f"SIGTERM: the stop did not finish within checkpoint.preemption_budget_s="
                 f"{self.budget_s:g} s of the signal; the step in flight or its final checkpoint "
                 "is abandoned")
-        watch.exit_now(exit_code(signal.SIGTERM), f"{what}; rerun {self.command} {self.resume}",
+        watch.exit_now(exit_code(signal.SIGTERM), f"{what}; rerun {self.command} {self._resume()}",
                        f"{watch.this_process()}: {what}")
 
     def done(self) -> None:
@@ -128,10 +128,14 @@ class Preemption:
         if self._budget is not None:
             self._budget.cancel()
 
-    def training(self, resume: str) -> None:
+    def training(self, resume) -> None:
         """From now on a first signal stops after the current step; `resume` ('to resume from
-        step N') is what the lines of a later one say."""
+        step N', or a function giving it when a line is due: with async saves the latest
+        complete checkpoint changes between steps) is what the lines of a later one say."""
         self.resume, self.in_training = resume, True
+
+    def _resume(self) -> str:
+        return self.resume() if callable(self.resume) else self.resume
 
     def requested(self) -> int | None:
         """The signal that asked to stop, agreed by every process (a collective when there
