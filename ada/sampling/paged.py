@@ -254,9 +254,10 @@ class PagedEngine:
                 device_kind=device.device_kind,
                 kv_head_shards=mesh.shape["tensor"] if heads else 1)
         self.blocks = blocks
-        attend, copy = (None, copy_pages) if mesh is None or mesh.size == 1 else (
-            on_shards(mesh, self.batch_axis, heads))
-        copy = copy if copy is copy_pages else copy(copy_pages)
+        attend, copy = None, copy_pages
+        if mesh is not None and mesh.size > 1:
+            attend, on_each = on_shards(mesh, self.batch_axis, heads)
+            copy = on_each(copy_pages)
         self._prefill = jax.jit(functools.partial(prefill_fn, config=config, on_shards=attend),
                                 donate_argnums=(1,))
         self._attach = jax.jit(functools.partial(attach_fn, copy=copy), donate_argnums=(0,))
@@ -347,17 +348,14 @@ class PagedEngine:
         prompt's row lies on the data shard that holds its pages: shard s has rows
         [s * n, (s + 1) * n), n the row bucket of the fullest shard."""
         T = bucket_for(max(len(p) for p in prompts), self.prompt_buckets)
-        per_shard = np.bincount([pp.shard for pp in prompt_pages], minlength=self.pool_shards)
-        n = bucket_for(int(per_shard.max()), self.row_buckets)
+        n, rows = self._shard_blocks([pp.shard for pp in prompt_pages], self.row_buckets)
         N, W = self.pool_shards * n, -(-T // self.page_size)
         tokens = np.zeros((N, T), np.int32)
         counts = np.zeros((N,), np.int32)  # filler rows: no tokens, nothing written
         table = np.zeros((N, W), np.int32)
         order = np.zeros((N,), np.int32)
-        taken = np.zeros(self.pool_shards, np.int64)
-        for i, (p, pp) in enumerate(zip(prompts, prompt_pages, strict=True)):
-            order[i] = row = pp.shard * n + taken[pp.shard]
-            taken[pp.shard] += 1
+        order[:len(rows)] = rows
+        for row, p, pp in zip(rows, prompts, prompt_pages, strict=True):
             tokens[row, :len(p)], counts[row] = p, len(p)
             table[row, :len(pp.pages)] = pp.pages
         pages, logits = self._prefill(params, state.pages, tokens, counts, table, order)
@@ -373,18 +371,27 @@ class PagedEngine:
             xs = np.asarray(xs, dtype)
             return np.concatenate([xs, np.repeat(xs[-1:], pad)]) if pad else xs
 
-        # each data shard copies its own pages: shard s's pairs at [s * C, (s + 1) * C)
-        shard = [d // self.shard_pages for _, d in copies]
-        C = bucket_for(max(np.bincount(shard, minlength=1).max(), 1), self.insert_buckets)
+        # each data shard copies its own pages
+        C, at = self._shard_blocks([d // self.shard_pages for _, d in copies],
+                                   self.insert_buckets)
         src = np.zeros(self.pool_shards * C, np.int32)
         dst = np.zeros_like(src)  # a null page: no copy
-        taken = np.zeros(self.pool_shards, np.int64)
-        for (s, d), sh in zip(copies, shard, strict=True):
-            src[sh * C + taken[sh]], dst[sh * C + taken[sh]] = s, d
-            taken[sh] += 1
+        for i, (s, d) in zip(at, copies, strict=True):
+            src[i], dst[i] = s, d
         return self._attach(state, logits, src, dst, arr(slots, np.int32), arr(rows, np.int32),
                             arr(lengths, np.int32), step_key, arr(prompt_ids, np.uint32),
                             arr(sample_idxs, np.uint32), arr(max_new, np.int32))
+
+    def _shard_blocks(self, shards: list[int], buckets) -> tuple[int, list[int]]:
+        """Lay items out in one block per data shard, shard s's at [s * n, (s + 1) * n) in
+        their order, n the bucket of the fullest shard (at least 1): (n, each item's index)."""
+        n = bucket_for(max(np.bincount(shards, minlength=1).max(), 1), buckets)
+        taken = np.zeros(self.pool_shards, np.int64)
+        at = []
+        for sh in shards:
+            at.append(int(sh * n + taken[sh]))
+            taken[sh] += 1
+        return n, at
 
     def stop(self, state: PagedState, slots) -> PagedState:
         """Deactivate these slots (one compile for any number of them)."""
