@@ -35,6 +35,7 @@ import os
 import sys
 
 import numpy as np
+from scipy import special
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -57,6 +58,13 @@ SWEEP = {
     "ada_balance_4x16": ("ada_balance", [("adaptive.samples_per_round", "16")]),
 }
 COMPARED = tuple(VARIANTS)
+# The claims every mix's table tests: Ada-balance and Ada-pos against each baseline, and
+# against each other; on each axis a variant is compared at.
+PAIRS = (("ada_balance", "grpo"), ("ada_balance", "grpo_matched"), ("ada_balance", "dapo"),
+         ("ada_balance", "ada_pos"), ("ada_pos", "grpo"), ("ada_pos", "grpo_matched"),
+         ("ada_pos", "dapo"), ("ada_balance_continuous", "ada_balance"))
+AXES = ("equal_steps", "equal_samples", "equal_seconds")
+BOOTSTRAP_REPS = 10_000
 SWEPT = ("ada_balance", "ada_balance_8x8", "ada_balance_4x16", "ada_balance_continuous")
 # Prompt sets by the starting policy's pass rate over 16 draws. hard: the paper's HARD_FILTER
 # (solved 1 or 2 times in 16; most GRPO groups of 4 are all wrong); easy: solved at least 6
@@ -91,12 +99,31 @@ def run_one(args, overrides, mix: str, variant: str, method: str, extra: list, s
                         overrides=[f"{k}={v}" for k, v in extra], **load)
 
 
+DYNAMICS = ("zero_variance_share", "samples_per_prompt", "entropy", "lacking_pos_share_round0",
+            "lacking_neg_share_round0")
+
+
 def record(rows: list[dict], **about) -> dict:
-    """A run's entry of summary.json: `about` and its held-out curve from clocked rows."""
-    curve = [{"step": r["step"], "samples": r["samples_total"], "seconds": round(r["wall_s"], 2),
-              "eval_accuracy": r["eval_accuracy"]} for r in rows if "eval_accuracy" in r]
-    return {**about, "final_eval_accuracy": curve[-1]["eval_accuracy"],
-            "samples": curve[-1]["samples"], "wall_clock_s": curve[-1]["seconds"], "curve": curve}
+    """A run's entry of summary.json: `about`, its means of DYNAMICS, and its curve from
+    clocked rows: a point per step (and the step-0 eval) with samples, seconds,
+    lacking_pos_share_round0 where the step sampled, and eval_accuracy where it evaluated."""
+    curve = []
+    for r in rows:
+        p = {"step": r["step"], "samples": r["samples_total"], "seconds": round(r["wall_s"], 2)}
+        for key in ("lacking_pos_share_round0", "eval_accuracy"):
+            if r.get(key) is not None:
+                p[key] = r[key]
+        curve.append(p)
+    last = evals(curve)[-1]
+    entropy = [r["entropy"] for r in rows if "entropy" in r]
+    return {**about, "final_eval_accuracy": last["eval_accuracy"], "samples": last["samples"],
+            "wall_clock_s": last["seconds"], **{k: _dynamic(rows, k) for k in DYNAMICS},
+            "final_entropy": entropy[-1] if entropy else float("nan"), "curve": curve}
+
+
+def evals(curve: list[dict]) -> list[dict]:
+    """The curve's points that carry a held-out accuracy."""
+    return [p for p in curve if "eval_accuracy" in p]
 
 
 def matched_n(runs) -> int:
@@ -125,21 +152,47 @@ def run_all(args, overrides):
             seeds = args.sweep_seeds if name in SWEEP else args.seeds
             out[mix][name] = [run_one(args, overrides, mix, name, method, extra, seed)
                               for seed in seeds]
-        if {"grpo", "ada_balance"} <= set(out[mix]) and abs(gap(out[mix])["in_pooled_std"]) < 2:
-            for name in ("grpo", "ada_balance"):  # within 2 std: more seeds for the two
-                out[mix][name] += [run_one(args, overrides, mix, name, name, [], seed)
-                                   for seed in args.more_seeds]
     return out, matched
 
 
-def gap(runs) -> dict:
-    """Ada-balance minus GRPO in held-out accuracy at equal steps (their last evals), in
-    units of the pooled std over seeds."""
-    a, g = ([rec["final_eval_accuracy"] for _, rec in runs[v]] for v in ("ada_balance", "grpo"))
-    pooled = float(np.sqrt((np.var(a) + np.var(g)) / 2))
-    diff = float(np.mean(a) - np.mean(g))
-    return {"equal_steps": diff, "pooled_std": pooled, "seeds": [len(a), len(g)],
-            "in_pooled_std": diff / pooled if pooled else float("inf")}
+def welch(a, b) -> tuple[float, float, float]:
+    """Welch's t-test of mean(a) - mean(b): (t, Welch-Satterthwaite df, two-sided p); NaN
+    where a group has one seed or neither varies."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if min(len(a), len(b)) < 2:
+        return float("nan"), float("nan"), float("nan")
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return float("nan"), float("nan"), float("nan")
+    t = (a.mean() - b.mean()) / np.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return float(t), float(df), float(2 * special.stdtr(df, -abs(t)))
+
+
+def bootstrap_ci(a, b, reps: int = BOOTSTRAP_REPS, seed: int = 0) -> list[float]:
+    """95% percentile bootstrap interval of mean(a) - mean(b): each group's seeds resampled
+    with replacement, independently."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    rng = np.random.default_rng(seed)
+    diffs = (rng.choice(a, (reps, len(a))).mean(1) - rng.choice(b, (reps, len(b))).mean(1))
+    return [float(x) for x in np.percentile(diffs, [2.5, 97.5])]
+
+
+def pairwise_tests(mix: str, per_seed: dict) -> list[dict]:
+    """Every claim the tables make: each PAIRS difference on each AXES, from the per-seed
+    values `per_seed[variant][axis]` (NaN seeds dropped)."""
+    out = []
+    for a, b in PAIRS:
+        if a not in per_seed or b not in per_seed:
+            continue
+        for axis in AXES:
+            xa, xb = ([x for x in per_seed[v][axis] if x == x] for v in (a, b))
+            if not xa or not xb:
+                continue
+            out.append({"mix": mix, "a": a, "b": b, "axis": axis,
+                        "diff": float(np.mean(xa) - np.mean(xb)), "ci95": bootstrap_ci(xa, xb),
+                        "p_welch": welch(xa, xb)[2], "seeds_a": len(xa), "seeds_b": len(xb)})
+    return out
 
 
 def with_clock(rows: list[dict]) -> list[dict]:
@@ -159,17 +212,20 @@ def with_clock(rows: list[dict]) -> list[dict]:
 
 def acc_at(curve: list[dict], key: str, budget: float) -> float:
     """Held-out accuracy of the last eval at or under `budget` of `key` (samples, seconds)."""
-    pts = [p["eval_accuracy"] for p in curve if p[key] <= budget + 1e-9]
+    pts = [p["eval_accuracy"] for p in evals(curve) if p[key] <= budget + 1e-9]
     return pts[-1] if pts else float("nan")
 
 
 def first_reach(curve: list[dict], target: float) -> dict | None:
-    return next((p for p in curve if p["eval_accuracy"] >= target), None)
+    return next((p for p in evals(curve) if p["eval_accuracy"] >= target), None)
 
 
 def _mean_std(xs) -> tuple[float, float]:
+    """Mean and sample std (ddof = 1: seeds are a sample) of the non-NaN values."""
     xs = [x for x in xs if x == x]
-    return (float(np.mean(xs)), float(np.std(xs))) if xs else (float("nan"), float("nan"))
+    if not xs:
+        return float("nan"), float("nan")
+    return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else float("nan")
 
 
 def _dynamic(rows: list[dict], key: str) -> float:
@@ -177,38 +233,42 @@ def _dynamic(rows: list[dict], key: str) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
-def summarize(runs: dict, target: float) -> dict:
-    """One mix: per variant, mean and std over seeds at equal steps, at the smallest mean
-    samples and seconds any compared variant spent, and to reach `target`."""
-    curves = {v: [rec["curve"] for _, rec in rs] for v, rs in runs.items()}
-    compared = [v for v in COMPARED if v in runs]  # the sweep's runs set no budget
+def summarize(mix: str, records: dict, target: float) -> dict:
+    """One mix from its run records ({variant: [record per seed]}): per variant, mean and
+    sample std over seeds at equal steps, at the smallest mean samples and seconds any
+    compared variant spent, and to reach `target`; and the PAIRS tests on each axis."""
+    curves = {v: [evals(rec["curve"]) for rec in rs] for v, rs in records.items()}
+    compared = [v for v in COMPARED if v in records]  # the sweep's runs set no budget
     budget_samples = min(np.mean([c[-1]["samples"] for c in curves[v]]) for v in compared)
     budget_seconds = min(np.mean([c[-1]["seconds"] for c in curves[v]]) for v in compared)
     out = {"equal_samples": float(budget_samples), "equal_seconds": float(budget_seconds),
            "target": target, "variants": {}}
-    for v, rs in runs.items():
-        cs, rows = curves[v], [r for r, _ in rs]
+    per_seed = {}
+    for v, rs in records.items():
+        cs = curves[v]
         reached = [first_reach(c, target) for c in cs]
         s = {"seeds": len(cs), "samples": _mean_std([c[-1]["samples"] for c in cs])[0],
              "seconds": _mean_std([c[-1]["seconds"] for c in cs])[0],
              "reached_target": sum(p is not None for p in reached)}
-        for name, xs in (
-            ("initial", [c[0]["eval_accuracy"] for c in cs]),
-            ("equal_steps", [c[-1]["eval_accuracy"] for c in cs]),
-            ("equal_samples", [acc_at(c, "samples", budget_samples) for c in cs]),
-            ("equal_seconds", [acc_at(c, "seconds", budget_seconds) for c in cs]),
-            ("steps_to_target", [p["step"] if p else float("nan") for p in reached]),
-            ("seconds_to_target", [p["seconds"] if p else float("nan") for p in reached]),
-        ):
+        per_seed[v] = {
+            "initial": [c[0]["eval_accuracy"] for c in cs],
+            "equal_steps": [c[-1]["eval_accuracy"] for c in cs],
+            "equal_samples": [acc_at(c, "samples", budget_samples) for c in cs],
+            "equal_seconds": [acc_at(c, "seconds", budget_seconds) for c in cs],
+            "steps_to_target": [p["step"] if p else float("nan") for p in reached],
+            "seconds_to_target": [p["seconds"] if p else float("nan") for p in reached]}
+        for name, xs in per_seed[v].items():
             s[name], s[name + "_std"] = _mean_std(xs)
-        for key in ("zero_variance_share", "samples_per_prompt", "entropy",
-                    "lacking_pos_share_round0", "lacking_neg_share_round0"):
-            s[key] = float(np.mean([_dynamic(r, key) for r in rows]))
-        s["final_entropy"] = float(np.mean([[r["entropy"] for r in rr if "entropy" in r][-1]
-                                            for rr in rows]))
+        for key in (*DYNAMICS, "final_entropy"):
+            s[key] = _mean_std([rec.get(key, float("nan")) for rec in rs])[0]
         out["variants"][v] = s
-    out["ada_balance_minus_grpo"] = gap(runs)
+    out["tests"] = pairwise_tests(mix, per_seed)
     return out
+
+
+def num(x: float, fmt: str = ".3f") -> str:
+    """A table cell: `x` formatted, or '-' where the runs did not record it (NaN)."""
+    return f"{x:{fmt}}" if x == x else "-"
 
 
 def table(summary: dict) -> str:
@@ -230,12 +290,21 @@ def table(summary: dict) -> str:
             lines.append(
                 f"| {v} | {r['seeds']} | {pm('equal_steps')} | {pm('equal_samples')} | {pm('equal_seconds')} "
                 f"| {pm('steps_to_target', '.0f')} {reach} | {pm('seconds_to_target', '.0f')} "
-                f"| {r['samples']:.0f} | {r['seconds']:.0f} | {r['samples_per_prompt']:.2f} "
-                f"| {r['zero_variance_share']:.3f} | {r['final_entropy']:.3f} |")
-        g = s["ada_balance_minus_grpo"]
-        lines += ["", f"Ada-balance minus GRPO at equal steps: {g['equal_steps']:+.3f} "
-                  f"({g['in_pooled_std']:+.1f} pooled std of {g['pooled_std']:.3f}; seeds "
-                  f"{g['seeds'][0]} and {g['seeds'][1]}).", ""]
+                f"| {r['samples']:.0f} | {r['seconds']:.0f} | {num(r['samples_per_prompt'], '.2f')} "
+                f"| {num(r['zero_variance_share'])} | {num(r['final_entropy'])} |")
+        lines += ["", f"Differences in held-out accuracy (a minus b, {mix}): mean over seeds, 95% "
+                  f"bootstrap interval over seeds ({BOOTSTRAP_REPS:,} resamples), Welch's "
+                  "t-test p (two-sided).", "",
+                  "| a − b | equal steps | at equal samples | at equal seconds |",
+                  "|---|---|---|---|"]
+        cells = {}
+        for t in (t for t in summary["tests"] if t["mix"] == mix):
+            cells.setdefault((t["a"], t["b"]), {})[t["axis"]] = (
+                f"{t['diff']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}] p = "
+                f"{t['p_welch']:.2g} ({t['seeds_a']}/{t['seeds_b']})")
+        for (a, b), c in cells.items():
+            lines.append(f"| {a} − {b} | " + " | ".join(c.get(x, "-") for x in AXES) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -276,7 +345,8 @@ def plot(runs: dict, variants, panels, path: str, title: str) -> None:
                 xs = np.convolve(xs, kernel, "valid")
                 ys = np.array([np.convolve(y, kernel, "valid") for y in ys])
             ax.plot(xs, ys.mean(0), label=v)
-            ax.fill_between(xs, ys.mean(0) - ys.std(0), ys.mean(0) + ys.std(0), alpha=0.15)
+            sd = ys.std(0, ddof=1) if len(ys) > 1 else np.zeros_like(xs)
+            ax.fill_between(xs, ys.mean(0) - sd, ys.mean(0) + sd, alpha=0.15)
         ax.set_xlabel(X_LABELS[x])
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3)
@@ -295,20 +365,52 @@ def start_of(config_path: str, overrides) -> str:
             f"{c.noise_steps} noisy-teacher steps (teacher_noise {c.teacher_noise})")
 
 
+def write_summary(summary: dict, records: dict, matched: dict, target: float, out: str) -> str:
+    """Fill `summary`'s mixes and tests from {mix: {variant: records}}, write summary.json
+    and table.md to `out`; returns the table."""
+    summary["mixes"], summary["tests"] = {}, []
+    for mix, r in records.items():
+        s = summarize(mix, r, target)
+        summary["tests"] += s.pop("tests")
+        summary["mixes"][mix] = dict(s, grpo_matched_n=matched[mix])
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    text = table(summary)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+def retest(path: str, out: str, target: float) -> int:
+    """--retest: the statistics of an earlier summary.json's runs, recomputed."""
+    summary = json.load(open(path))
+    records, matched = {}, {}
+    for rec in summary["runs"]:
+        records.setdefault(rec["mix"], {}).setdefault(rec["method"], []).append(rec)
+        n = [o.split("=")[1] for o in rec.get("overrides", []) if o.startswith("adaptive.n=")]
+        if rec["method"] == "grpo_matched" and n:
+            matched[rec["mix"]] = int(n[0])
+    summary["command"] += f" (statistics: --retest {path})"
+    print(write_summary(summary, records, {m: matched.get(m, "-") for m in records}, target, out))
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides, rest = cfglib.parse_override_args(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", required=True)
+    p.add_argument("--workdir", help="where the runs go (required unless --retest)")
     p.add_argument("--out", help="where summary.json, table.md and the plots go (default: "
                    "--workdir)")
     p.add_argument("--config", default="configs/default.py")
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--seeds", default="0,1,2,3,4", help="every variant's seeds, fixed before "
+                   "any run (no seeds are added after looking at a gap)")
     p.add_argument("--mixes", default="easy,hard", help=f"comma-separated, of {sorted(MIXES)}")
     p.add_argument("--sweep", default="hard", help="mixes that get the budget sweep ('' none)")
     p.add_argument("--sweep-seeds", help="seeds of the sweep's own runs (default: --seeds)")
-    p.add_argument("--more-seeds", default="3,4", help="seeds added to GRPO and Ada-balance on "
-                   "a mix where their gap at --seeds is within 2 pooled std")
+    p.add_argument("--retest", metavar="SUMMARY", help="run nothing: recompute the statistics "
+                   "and table.md from the run records of an earlier summary.json into --out")
     p.add_argument("--variants", default="", help="run only these (comma-separated; to split "
                    "the runs over processes: finished runs are reused, so a last call without "
                    "it writes the summary)")
@@ -321,7 +423,11 @@ def main(argv=None) -> int:
     args.sweep_seeds = ([int(s) for s in args.sweep_seeds.split(",") if s]
                         if args.sweep_seeds else args.seeds)
     args.variants = [v for v in args.variants.split(",") if v]
-    args.more_seeds = [int(s) for s in args.more_seeds.split(",") if s]
+    if args.retest:
+        return retest(args.retest, args.out or os.path.dirname(args.retest), args.target)
+    if not args.workdir:
+        print("error: --workdir is required (where the runs go), unless --retest", file=sys.stderr)
+        return 2
     unknown = [v for v in args.variants if v not in VARIANTS and v not in SWEEP]
     if unknown:
         print(f"error: --variants {unknown} not in {[*VARIANTS, *SWEEP]}", file=sys.stderr)
@@ -344,15 +450,9 @@ def main(argv=None) -> int:
                "command": " ".join(["python experiments/compare_methods.py", *argv]),
                "date": datetime.date.today().isoformat(), "mixes": {},
                "runs": [rec for r in runs.values() for rs in r.values() for _, rec in rs]}
-    for mix, r in runs.items():
-        summary["mixes"][mix] = dict(summarize(r, args.target), grpo_matched_n=matched[mix])
+    records = {mix: {v: [rec for _, rec in rs] for v, rs in r.items()} for mix, r in runs.items()}
     out = args.out or args.workdir
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    text = table(summary)
-    with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(text)
+    text = write_summary(summary, records, matched, args.target, out)
     for mix, r in runs.items():
         label = f"{mix} prompts (pass rate {MIXES[mix]}), mean ± std over seeds (table.md)"
         plot(r, COMPARED, PANELS, os.path.join(out, f"compare_{mix}.png"), label)

@@ -1,6 +1,9 @@
 """experiments/compare_methods.py: the summary's numbers from known metric rows."""
 
 import importlib.util
+import itertools
+import json
+import math
 import os
 
 import numpy as np
@@ -39,12 +42,14 @@ def test_summary_at_equal_steps_samples_seconds_and_to_target(tmp_path):
         "ada_balance": [fake_run(64, [0.2, 0.4, 0.6], 3.0, entropy=2.0),
                         fake_run(64, [0.2, 0.5, 0.6], 3.0, entropy=2.0)],
     }
-    assert [p["seconds"] for p in runs["grpo"][0][1]["curve"]] == [0.0, 1.5, 4.5]
-    assert [p["samples"] for p in runs["ada_balance"][0][1]["curve"]] == [0, 128, 256]
-    s = compare.summarize(runs, target=0.45)
+    assert [p["seconds"] for p in runs["grpo"][0][1]["curve"]] == [0.0, 0.0, 1.5, 3.0, 4.5]
+    assert [p["samples"] for p in runs["ada_balance"][0][1]["curve"]] == [0, 64, 128, 192, 256]
+    records = {v: [rec for _, rec in rs] for v, rs in runs.items()}
+    s = compare.summarize("hard", records, target=0.45)
     assert (s["equal_samples"], s["equal_seconds"]) == (128, 4.5)  # GRPO's whole run
     g, a = s["variants"]["grpo"], s["variants"]["ada_balance"]
-    assert (g["equal_steps"], g["equal_steps_std"]) == pytest.approx((0.45, 0.05))
+    sd = np.sqrt(2 * 0.05 ** 2)  # ddof = 1: the sample std of 0.4 and 0.5
+    assert (g["equal_steps"], g["equal_steps_std"]) == pytest.approx((0.45, sd))
     assert (a["equal_steps"], a["equal_steps_std"]) == pytest.approx((0.6, 0.0))
     assert a["equal_samples"] == pytest.approx(0.45)  # its step-2 evals, at 128 samples
     assert a["equal_seconds"] == pytest.approx(0.45)  # its step-2 evals, at 3 s
@@ -53,14 +58,97 @@ def test_summary_at_equal_steps_samples_seconds_and_to_target(tmp_path):
     assert (g["reached_target"], g["steps_to_target"], g["seconds_to_target"]) == (1, 4, 4.5)
     assert (a["reached_target"], a["steps_to_target"], a["seconds_to_target"]) == (2, 3, 6)
     assert a["samples"] == 256 and a["seconds"] == 9 and a["final_entropy"] == 6.0
-    pooled = np.sqrt((0.05 ** 2 + 0.0 ** 2) / 2)
-    assert s["ada_balance_minus_grpo"]["in_pooled_std"] == pytest.approx(0.15 / pooled)
+    assert a["lacking_pos_share_round0"] == 0.5 and a["samples_per_prompt"] == 8
+    curve = runs["grpo"][0][1]["curve"]  # a point a step, lacking_pos where it sampled
+    assert [p["step"] for p in curve] == [0, 1, 2, 3, 4] and "lacking_pos_share_round0" not in curve[0]
+    assert [p.get("eval_accuracy") for p in curve] == [0.2, None, 0.3, None, 0.4]
+    (test,) = [t for t in s["tests"] if t["axis"] == "equal_steps"]
+    assert (test["mix"], test["a"], test["b"], test["seeds_a"], test["seeds_b"]) == (
+        "hard", "ada_balance", "grpo", 2, 2)
+    assert test["diff"] == pytest.approx(0.15)
+    # Welch: t = 0.15 / sqrt(0 + 0.005 / 2) = 3 on df = 1, a Cauchy: p = 1 - 2 atan(3) / pi
+    assert test["p_welch"] == pytest.approx(1 - 2 * math.atan(3) / math.pi)
+    assert test["ci95"] == pytest.approx([0.1, 0.2])  # GRPO's resampled means: 0.4 .. 0.5
 
-    summary = {"start": "s", "command": "c", "date": "d", "mixes": {"hard": dict(s, grpo_matched_n=8)}}
+    summary = {"start": "s", "command": "c", "date": "d", "tests": s.pop("tests"),
+               "mixes": {"hard": dict(s, grpo_matched_n=8)}}
     text = compare.table(summary)
-    assert "| ada_balance | 2 | 0.600 ± 0.000 | 0.450 ± 0.050 |" in text and "(+4.2 pooled std" in text
+    assert "| ada_balance | 2 | 0.600 ± 0.000 | 0.450 ± 0.071 |" in text
+    assert "| ada_balance − grpo | +0.150 [" in text
     compare.plot(runs, ("grpo", "ada_balance"), compare.PANELS, str(tmp_path / "c.png"), "test")
     assert os.path.getsize(tmp_path / "c.png") > 10_000
+
+
+def test_welch_against_its_formulas_and_a_numerically_integrated_t():
+    """t and the Welch-Satterthwaite df by hand; p as the two tails of Student's t density,
+    integrated numerically (no library's CDF)."""
+    a, b = [0.71, 0.74, 0.69, 0.75, 0.72], [0.70, 0.66, 0.72]
+    va, vb = np.var(a, ddof=1) / 5, np.var(b, ddof=1) / 3
+    t_hand = (np.mean(a) - np.mean(b)) / np.sqrt(va + vb)
+    df_hand = (va + vb) ** 2 / (va ** 2 / 4 + vb ** 2 / 2)
+    t, df, p = compare.welch(a, b)
+    assert (t, df) == pytest.approx((t_hand, df_hand))
+    x = np.linspace(abs(t_hand), 2000, 4_000_001)
+    density = np.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / np.sqrt(df * np.pi) * (
+        1 + x ** 2 / df) ** (-(df + 1) / 2)
+    assert p == pytest.approx(2 * np.trapezoid(density, x), rel=1e-4)
+    assert compare.welch(b, a)[2] == pytest.approx(p)
+    assert all(np.isnan(compare.welch([0.5], b)))  # one seed: no test
+    assert all(np.isnan(compare.welch([0.5, 0.5], [0.5, 0.5])))  # no spread: no test
+
+
+def test_bootstrap_interval_against_the_exact_bootstrap_distribution():
+    """With 3 seeds a side the bootstrap distribution has 27 x 27 equally likely resamples:
+    enumerated, its 2.5 and 97.5 percentiles are what 10,000 random resamples estimate."""
+    a, b = np.array([0.74, 0.76, 0.79]), np.array([0.70, 0.75, 0.71])
+    means = lambda x: np.array([x[list(i)].mean() for i in itertools.product(range(3), repeat=3)])
+    exact = (means(a)[:, None] - means(b)[None, :]).ravel()
+    lo, hi = compare.bootstrap_ci(a, b)
+    assert (lo, hi) == pytest.approx(tuple(np.percentile(exact, [2.5, 97.5])), abs=0.003)
+    assert compare.bootstrap_ci(a, b) == [lo, hi]  # seeded: the table does not change on rerun
+
+
+def _in_pooled_std(a, b):
+    """The old verdict's statistic: the gap over the ddof-0 pooled std."""
+    return abs(a.mean() - b.mean()) / np.sqrt((np.var(a) + np.var(b)) / 2)
+
+
+def test_the_optional_stopping_rule_inflated_false_wins():
+    """The comparison once judged a gap at 3 seeds by 2 pooled std (ddof 0) and, when under
+    it, added seeds 3 and 4 and judged again. Simulated with no true difference: that rule
+    declares a winner ~13% of the time; looking twice even with Welch's test, ~7%; the
+    fixed 5-seed Welch test holds its 5%. And on a concrete draw the second look changes the
+    verdict that 5 seeds fixed in advance give."""
+    rng = np.random.default_rng(0)
+    trials, old, twice, fixed, changed = 4000, 0, 0, 0, None
+    for _ in range(trials):
+        a, b = rng.normal(0.75, 0.01, 5), rng.normal(0.75, 0.01, 5)
+        p3, p5 = compare.welch(a[:3], b[:3])[2], compare.welch(a, b)[2]
+        old += _in_pooled_std(a[:3], b[:3]) >= 2 or _in_pooled_std(a, b) >= 2
+        twice += p3 < 0.05 or p5 < 0.05
+        fixed += p5 < 0.05
+        if changed is None and p3 < 0.05 <= p5:
+            changed = p3, p5
+    assert fixed / trials == pytest.approx(0.05, abs=0.01)
+    assert old / trials > 0.1 and twice / trials > fixed / trials + 0.015
+    p3, p5 = changed  # a "win" at the first look that 5 fixed seeds do not support
+    assert p3 < 0.05 <= p5
+
+
+def test_retest_recomputes_an_earlier_summary(tmp_path):
+    """--retest: the statistics of a summary.json's run records, with no runs."""
+    runs = [dict(fake_run(32, [0.2, 0.3, x], 1.5)[1], mix="hard", method="grpo", seed=i)
+            for i, x in enumerate([0.40, 0.45, 0.50])]
+    runs += [dict(fake_run(64, [0.2, 0.4, x], 3.0)[1], mix="hard", method="ada_balance", seed=i)
+             for i, x in enumerate([0.58, 0.60, 0.65])]
+    old = {"start": "s", "command": "c", "date": "d", "runs": runs}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert compare.main(["--retest", str(tmp_path / "old.json"), "--out", str(tmp_path / "new")]) == 0
+    new = json.loads((tmp_path / "new" / "summary.json").read_text())
+    (t,) = [t for t in new["tests"] if t["axis"] == "equal_steps"]
+    assert t["diff"] == pytest.approx(np.mean([0.58, 0.60, 0.65]) - 0.45)
+    assert t["p_welch"] == pytest.approx(compare.welch([0.58, 0.60, 0.65], [0.40, 0.45, 0.50])[2])
+    assert "p = " in (tmp_path / "new" / "table.md").read_text()
 
 
 def test_unknown_mix_or_variant_is_refused(capsys):
