@@ -399,16 +399,22 @@ def write_summary(summary: dict, records: dict, matched: dict, target: float, ou
     return text
 
 
-def retest(path: str, out: str, target: float) -> int:
-    """--retest: the statistics of an earlier summary.json's runs, recomputed."""
-    summary = json.load(open(path))
+def retest(paths: list[str], out: str, target: float) -> int:
+    """--retest: the statistics of earlier summary.json files' runs, recomputed together
+    (a mix's runs from one file, a newer file's mixes added)."""
+    old = [json.load(open(p)) for p in paths]
     records, matched = {}, {}
-    for rec in summary["runs"]:
-        records.setdefault(rec["mix"], {}).setdefault(rec["method"], []).append(rec)
-        n = [o.split("=")[1] for o in rec.get("overrides", []) if o.startswith("adaptive.n=")]
-        if rec["method"] == "grpo_matched" and n:
-            matched[rec["mix"]] = int(n[0])
-    summary["command"] += f" (statistics: --retest {path})"
+    for summary in old:
+        for rec in summary["runs"]:
+            records.setdefault(rec["mix"], {}).setdefault(rec["method"], []).append(rec)
+            n = [o.split("=")[1] for o in rec.get("overrides", []) if o.startswith("adaptive.n=")]
+            if rec["method"] == "grpo_matched" and n:
+                matched[rec["mix"]] = int(n[0])
+    summary = {"start": " / ".join(dict.fromkeys(s["start"] for s in old)),
+               "command": " ; ".join(s["command"] for s in old) + " (statistics: --retest "
+                          f"{' '.join(paths)})",
+               "date": " / ".join(dict.fromkeys(s["date"] for s in old)),
+               "runs": [rec for s in old for rec in s["runs"]]}
     print(write_summary(summary, records, {m: matched.get(m, "-") for m in records}, target, out))
     return 0
 
@@ -427,8 +433,9 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", default="", help="mixes that get the budget sweep and the "
                    "continuous scheduler (default none)")
     p.add_argument("--sweep-seeds", help="seeds of the sweep's own runs (default: --seeds)")
-    p.add_argument("--retest", metavar="SUMMARY", help="run nothing: recompute the statistics "
-                   "and table.md from the run records of an earlier summary.json into --out")
+    p.add_argument("--retest", metavar="SUMMARY", nargs="+", help="run nothing: recompute the "
+                   "statistics and table.md from the run records of earlier summary.json files "
+                   "into --out")
     p.add_argument("--variants", default="", help="run only these (comma-separated; to split "
                    "the runs over processes: finished runs are reused, so a last call without "
                    "it writes the summary)")
@@ -442,7 +449,7 @@ def main(argv=None) -> int:
                         if args.sweep_seeds else args.seeds)
     args.variants = [v for v in args.variants.split(",") if v]
     if args.retest:
-        return retest(args.retest, args.out or os.path.dirname(args.retest), args.target)
+        return retest(args.retest, args.out or os.path.dirname(args.retest[0]), args.target)
     if not args.workdir:
         print("error: --workdir is required (where the runs go), unless --retest", file=sys.stderr)
         return 2

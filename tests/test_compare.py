@@ -141,11 +141,15 @@ def test_retest_recomputes_an_earlier_summary(tmp_path):
             for i, x in enumerate([0.40, 0.45, 0.50])]
     runs += [dict(fake_run(64, [0.2, 0.4, x], 3.0)[1], mix="hard", method="ada_balance", seed=i)
              for i, x in enumerate([0.58, 0.60, 0.65])]
-    old = {"start": "s", "command": "c", "date": "d", "runs": runs}
-    (tmp_path / "old.json").write_text(json.dumps(old))
-    assert compare.main(["--retest", str(tmp_path / "old.json"), "--out", str(tmp_path / "new")]) == 0
+    other = [dict(r, mix="easy") for r in runs]  # a later file's mix joins the earlier ones
+    for name, rs in (("old", runs), ("other", other)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(
+            {"start": "s", "command": name, "date": "d", "runs": rs}))
+    assert compare.main(["--retest", str(tmp_path / "old.json"), str(tmp_path / "other.json"),
+                         "--out", str(tmp_path / "new")]) == 0
     new = json.loads((tmp_path / "new" / "summary.json").read_text())
-    (t,) = [t for t in new["tests"] if t["axis"] == "equal_steps"]
+    assert set(new["mixes"]) == {"hard", "easy"} and len(new["runs"]) == 12
+    (t,) = [t for t in new["tests"] if t["axis"] == "equal_steps" and t["mix"] == "hard"]
     assert t["diff"] == pytest.approx(np.mean([0.58, 0.60, 0.65]) - 0.45)
     assert t["p_welch"] == pytest.approx(compare.welch([0.58, 0.60, 0.65], [0.40, 0.45, 0.50])[2])
     assert "p = " in (tmp_path / "new" / "table.md").read_text()
