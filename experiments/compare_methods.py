@@ -406,6 +406,10 @@ def retest(paths: list[str], out: str, target: float) -> int:
     records, matched = {}, {}
     for summary in old:
         for rec in summary["runs"]:
+            known = summary.get("mixes", {}).get(rec["mix"], {}).get("variants", {}).get(
+                rec["method"], {})  # runs recorded before their own dynamics: the variant's
+            for key in (*DYNAMICS, "final_entropy"):
+                rec.setdefault(key, known.get(key, float("nan")))
             records.setdefault(rec["mix"], {}).setdefault(rec["method"], []).append(rec)
             n = [o.split("=")[1] for o in rec.get("overrides", []) if o.startswith("adaptive.n=")]
             if rec["method"] == "grpo_matched" and n:
