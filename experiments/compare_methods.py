@@ -39,9 +39,11 @@ import os
 import sys
 
 import numpy as np
-from scipy import special
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from seed_stats import BOOTSTRAP_REPS, bootstrap_ci, holm, mean_std, welch  # noqa: E402
 
 from ada import config as cfglib  # noqa: E402
 from ada.metrics import read_jsonl, series  # noqa: E402
@@ -68,7 +70,6 @@ PAIRS = (("ada_balance", "grpo"), ("ada_balance", "grpo_matched"), ("ada_balance
          ("ada_balance", "ada_pos"), ("ada_pos", "grpo"), ("ada_pos", "grpo_matched"),
          ("ada_pos", "dapo"), ("ada_balance_continuous", "ada_balance"))
 AXES = ("equal_steps", "equal_samples", "equal_seconds")
-BOOTSTRAP_REPS = 10_000
 SWEPT = ("ada_balance", "ada_balance_8x8", "ada_balance_4x16", "ada_balance_continuous")
 # Prompt sets: (pass-rate range of the starting policy over 16 draws, config overrides).
 # hard: the paper's HARD_FILTER (solved 1 or 2 times in 16; most GRPO groups of 4 are all
@@ -164,30 +165,6 @@ def run_all(args, overrides):
     return out, matched
 
 
-def welch(a, b) -> tuple[float, float, float]:
-    """Welch's t-test of mean(a) - mean(b): (t, Welch-Satterthwaite df, two-sided p); NaN
-    where a group has one seed or neither varies."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    if min(len(a), len(b)) < 2:
-        return float("nan"), float("nan"), float("nan")
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    if va + vb == 0:
-        return float("nan"), float("nan"), float("nan")
-    t = (a.mean() - b.mean()) / np.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    return float(t), float(df), float(2 * special.stdtr(df, -abs(t)))
-
-
-def bootstrap_ci(a, b, reps: int = BOOTSTRAP_REPS, seed: int = 0) -> list[float]:
-    """95% percentile bootstrap interval of mean(a) - mean(b): each group's seeds resampled
-    with replacement, independently. At 3 or 5 seeds a side it covers the true difference
-    ~80% or ~90% of the time (normal seeds, simulated): the test is Welch's."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    rng = np.random.default_rng(seed)
-    diffs = (rng.choice(a, (reps, len(a))).mean(1) - rng.choice(b, (reps, len(b))).mean(1))
-    return [float(x) for x in np.percentile(diffs, [2.5, 97.5])]
-
-
 def pairwise_tests(mix: str, per_seed: dict) -> list[dict]:
     """Every claim the tables make: each PAIRS difference on each AXES, from the per-seed
     values `per_seed[variant][axis]` (NaN seeds dropped)."""
@@ -202,6 +179,8 @@ def pairwise_tests(mix: str, per_seed: dict) -> list[dict]:
             out.append({"mix": mix, "a": a, "b": b, "axis": axis,
                         "diff": float(np.mean(xa) - np.mean(xb)), "ci95": bootstrap_ci(xa, xb),
                         "p_welch": welch(xa, xb)[2], "seeds_a": len(xa), "seeds_b": len(xb)})
+    for t, p in zip(out, holm([t["p_welch"] for t in out]), strict=True):
+        t["p_holm"] = p
     return out
 
 
@@ -230,14 +209,6 @@ def first_reach(curve: list[dict], target: float) -> dict | None:
     return next((p for p in evals(curve) if p["eval_accuracy"] >= target), None)
 
 
-def _mean_std(xs) -> tuple[float, float]:
-    """Mean and sample std (ddof = 1: seeds are a sample) of the non-NaN values."""
-    xs = [x for x in xs if x == x]
-    if not xs:
-        return float("nan"), float("nan")
-    return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else float("nan")
-
-
 def _dynamic(rows: list[dict], key: str) -> float:
     vals = [r[key] for r in rows if r.get(key) is not None]
     return float(np.mean(vals)) if vals else float("nan")
@@ -257,8 +228,8 @@ def summarize(mix: str, records: dict, target: float) -> dict:
     for v, rs in records.items():
         cs = curves[v]
         reached = [first_reach(c, target) for c in cs]
-        s = {"seeds": len(cs), "samples": _mean_std([c[-1]["samples"] for c in cs])[0],
-             "seconds": _mean_std([c[-1]["seconds"] for c in cs])[0],
+        s = {"seeds": len(cs), "samples": mean_std([c[-1]["samples"] for c in cs])[0],
+             "seconds": mean_std([c[-1]["seconds"] for c in cs])[0],
              "reached_target": sum(p is not None for p in reached)}
         per_seed[v] = {
             "initial": [c[0]["eval_accuracy"] for c in cs],
@@ -268,9 +239,9 @@ def summarize(mix: str, records: dict, target: float) -> dict:
             "steps_to_target": [p["step"] if p else float("nan") for p in reached],
             "seconds_to_target": [p["seconds"] if p else float("nan") for p in reached]}
         for name, xs in per_seed[v].items():
-            s[name], s[name + "_std"] = _mean_std(xs)
+            s[name], s[name + "_std"] = mean_std(xs)
         for key in (*DYNAMICS, "final_entropy"):
-            s[key] = _mean_std([rec.get(key, float("nan")) for rec in rs])[0]
+            s[key] = mean_std([rec.get(key, float("nan")) for rec in rs])[0]
         out["variants"][v] = s
     out["tests"] = pairwise_tests(mix, per_seed)
     return out
@@ -311,14 +282,16 @@ def table(summary: dict) -> str:
                   f"[95% percentile bootstrap interval over seeds, {BOOTSTRAP_REPS:,} resamples] "
                   "Welch's two-sided p (seeds a/b). With 3 or 5 seeds a side the bootstrap "
                   "interval is too narrow (it covers ~80% or ~90% of the time, simulated on "
-                  "normal seeds): read verdicts from p.", "",
+                  "normal seeds): read verdicts from p. **Bold**: p under 0.05 after Holm's "
+                  "correction over the mix's tests (`p_holm`).", "",
                   "| a − b | equal steps | at equal samples | at equal seconds |",
                   "|---|---|---|---|"]
         cells = {}
         for t in (t for t in summary["tests"] if t["mix"] == mix):
+            cell = (f"{t['diff']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}] p = "
+                    f"{t['p_welch']:.2g} ({t['seeds_a']}/{t['seeds_b']})")
             cells.setdefault((t["a"], t["b"]), {})[t["axis"]] = (
-                f"{t['diff']:+.3f} [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}] p = "
-                f"{t['p_welch']:.2g} ({t['seeds_a']}/{t['seeds_b']})")
+                f"**{cell}**" if t.get("p_holm", 1) < 0.05 else cell)
         for (a, b), c in cells.items():
             lines.append(f"| {a} − {b} | " + " | ".join(c.get(x, "-") for x in AXES) + " |")
         lines.append("")

@@ -1,4 +1,5 @@
-"""experiments/compare_methods.py: the summary's numbers from known metric rows."""
+"""experiments/compare_methods.py and seed_stats.py: the summary's numbers from known metric
+rows, each statistic against a hand computation."""
 
 import importlib.util
 import itertools
@@ -14,6 +15,7 @@ spec = importlib.util.spec_from_file_location(
     "compare_methods", os.path.join(ROOT, "experiments", "compare_methods.py"))
 compare = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(compare)
+import seed_stats as stats  # noqa: E402 - compare_methods put experiments/ on the path
 
 
 def fake_run(samples_per_step, accs, step_s, entropy=1.0):
@@ -86,15 +88,24 @@ def test_welch_against_its_formulas_and_a_numerically_integrated_t():
     va, vb = np.var(a, ddof=1) / 5, np.var(b, ddof=1) / 3
     t_hand = (np.mean(a) - np.mean(b)) / np.sqrt(va + vb)
     df_hand = (va + vb) ** 2 / (va ** 2 / 4 + vb ** 2 / 2)
-    t, df, p = compare.welch(a, b)
+    t, df, p = stats.welch(a, b)
     assert (t, df) == pytest.approx((t_hand, df_hand))
     x = np.linspace(abs(t_hand), 2000, 4_000_001)
     density = np.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / np.sqrt(df * np.pi) * (
         1 + x ** 2 / df) ** (-(df + 1) / 2)
     assert p == pytest.approx(2 * np.trapezoid(density, x), rel=1e-4)
-    assert compare.welch(b, a)[2] == pytest.approx(p)
-    assert all(np.isnan(compare.welch([0.5], b)))  # one seed: no test
-    assert all(np.isnan(compare.welch([0.5, 0.5], [0.5, 0.5])))  # no spread: no test
+    assert stats.welch(b, a)[2] == pytest.approx(p)
+    assert all(np.isnan(stats.welch([0.5], b)))  # one seed: no test
+    assert all(np.isnan(stats.welch([0.5, 0.5], [0.5, 0.5])))  # no spread: no test
+
+
+def test_holm_by_hand():
+    """m = 4 (one NaN uncounted): sorted 0.01, 0.03, 0.04 -> 3 x 0.01, 2 x 0.03, then the
+    running maximum keeps 0.06 over 1 x 0.04."""
+    adjusted = stats.holm([0.04, 0.01, float("nan"), 0.03])
+    assert adjusted[:2] == pytest.approx([0.06, 0.03]) and np.isnan(adjusted[2])
+    assert adjusted[3] == pytest.approx(0.06)
+    assert stats.holm([0.5, 0.9]) == [1.0, 1.0]
 
 
 def test_bootstrap_interval_against_the_exact_bootstrap_distribution():
@@ -103,9 +114,9 @@ def test_bootstrap_interval_against_the_exact_bootstrap_distribution():
     a, b = np.array([0.74, 0.76, 0.79]), np.array([0.70, 0.75, 0.71])
     means = lambda x: np.array([x[list(i)].mean() for i in itertools.product(range(3), repeat=3)])
     exact = (means(a)[:, None] - means(b)[None, :]).ravel()
-    lo, hi = compare.bootstrap_ci(a, b)
+    lo, hi = stats.bootstrap_ci(a, b)
     assert (lo, hi) == pytest.approx(tuple(np.percentile(exact, [2.5, 97.5])), abs=0.003)
-    assert compare.bootstrap_ci(a, b) == [lo, hi]  # seeded: the table does not change on rerun
+    assert stats.bootstrap_ci(a, b) == [lo, hi]  # seeded: the table does not change on rerun
 
 
 def _in_pooled_std(a, b):
@@ -123,7 +134,7 @@ def test_the_optional_stopping_rule_inflated_false_wins():
     trials, old, twice, fixed, changed = 4000, 0, 0, 0, None
     for _ in range(trials):
         a, b = rng.normal(0.75, 0.01, 5), rng.normal(0.75, 0.01, 5)
-        p3, p5 = compare.welch(a[:3], b[:3])[2], compare.welch(a, b)[2]
+        p3, p5 = stats.welch(a[:3], b[:3])[2], stats.welch(a, b)[2]
         old += _in_pooled_std(a[:3], b[:3]) >= 2 or _in_pooled_std(a, b) >= 2
         twice += p3 < 0.05 or p5 < 0.05
         fixed += p5 < 0.05
@@ -151,7 +162,7 @@ def test_retest_recomputes_an_earlier_summary(tmp_path):
     assert set(new["mixes"]) == {"hard", "easy"} and len(new["runs"]) == 12
     (t,) = [t for t in new["tests"] if t["axis"] == "equal_steps" and t["mix"] == "hard"]
     assert t["diff"] == pytest.approx(np.mean([0.58, 0.60, 0.65]) - 0.45)
-    assert t["p_welch"] == pytest.approx(compare.welch([0.58, 0.60, 0.65], [0.40, 0.45, 0.50])[2])
+    assert t["p_welch"] == pytest.approx(stats.welch([0.58, 0.60, 0.65], [0.40, 0.45, 0.50])[2])
     assert "p = " in (tmp_path / "new" / "table.md").read_text()
 
 
