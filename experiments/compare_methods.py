@@ -351,8 +351,8 @@ def start_of(config_path: str, overrides) -> str:
     c = cfglib.build_config(config_path, list(overrides)).warmstart
     if not c.enabled:
         return "the config's model, no warm start"
-    return (f"the cached warm start of {config_path}: {c.steps} exact-answer steps then "
-            f"{c.noise_steps} noisy-teacher steps (teacher_noise {c.teacher_noise})")
+    return (f"the cached warm start of {config_path} on each mix's task: {c.steps} exact-answer "
+            f"steps then {c.noise_steps} noisy-teacher steps (teacher_noise {c.teacher_noise})")
 
 
 def write_summary(summary: dict, records: dict, matched: dict, target: float, out: str) -> str:
