@@ -426,6 +426,11 @@ def main(argv=None) -> int:
                         if args.sweep_seeds else args.seeds)
     args.variants = [v for v in args.variants.split(",") if v]
     if args.retest:
+        bad = [f for f in args.retest if not os.path.isfile(f)]
+        if bad:
+            print(f"error: --retest {bad} not found; pass summary.json files that "
+                  "compare_methods.py wrote", file=sys.stderr)
+            return 2
         return retest(args.retest, args.out or os.path.dirname(args.retest[0]), args.target)
     if not args.workdir:
         print("error: --workdir is required (where the runs go), unless --retest", file=sys.stderr)

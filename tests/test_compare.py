@@ -171,3 +171,7 @@ def test_unknown_mix_or_variant_is_refused(capsys):
     assert "medium" in capsys.readouterr().err
     assert compare.main(["--workdir", "/tmp/unused", "--variants", "ppo"]) == 2
     assert "ppo" in capsys.readouterr().err
+    assert compare.main(["--retest", "/nonexistent/summary.json"]) == 2
+    assert "/nonexistent/summary.json" in capsys.readouterr().err
+    assert compare.main(["--mixes", "hard"]) == 2
+    assert "--workdir is required" in capsys.readouterr().err
