@@ -258,12 +258,13 @@ def num(x: float, fmt: str = ".3f") -> str:
 
 
 def table(summary: dict) -> str:
-    lines = [f"Start: {summary['start']}. Command: `{summary['command']}` ({summary['date']}).", ""]
+    lines = [f"Written by `{summary['command']}` ({summary['date']}).", ""]
     for mix, s in summary["mixes"].items():
         t = s["target"]
         lines += [
             f"**{mix}** ({mix_label(mix)}; grpo_matched: n = "
             f"{s['grpo_matched_n']})", "",
+            f"Runs: `{s['command']}` ({s['date']}), from {s['start']}.", "",
             f"| variant | seeds | held-out acc, equal steps | at {s['equal_samples']:.0f} samples | at "
             f"{s['equal_seconds']:.0f} s | steps to {t} | seconds to {t} | samples drawn | "
             "seconds | draws/prompt | zero-variance share | final entropy |",
@@ -355,14 +356,20 @@ def start_of(config_path: str, overrides) -> str:
             f"steps then {c.noise_steps} noisy-teacher steps (teacher_noise {c.teacher_noise})")
 
 
-def write_summary(summary: dict, records: dict, matched: dict, target: float, out: str) -> str:
+ORIGIN = ("start", "command", "date")
+
+
+def write_summary(summary: dict, records: dict, matched: dict, target: float, out: str,
+                  origin: dict | None = None) -> str:
     """Fill `summary`'s mixes and tests from {mix: {variant: records}}, write summary.json
-    and table.md to `out`; returns the table."""
+    and table.md to `out`; returns the table. Each mix names the start, command and date
+    of its runs (`origin[mix]`, by default the summary's own)."""
     summary["mixes"], summary["tests"] = {}, []
     for mix, r in records.items():
         s = summarize(mix, r, target)
         summary["tests"] += s.pop("tests")
-        summary["mixes"][mix] = dict(s, grpo_matched_n=matched[mix])
+        where = (origin or {}).get(mix) or {k: summary[k] for k in ORIGIN}
+        summary["mixes"][mix] = dict(s, grpo_matched_n=matched[mix], **where)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -376,7 +383,7 @@ def retest(paths: list[str], out: str, target: float) -> int:
     """--retest: the statistics of earlier summary.json files' runs, recomputed together
     (a mix's runs from one file, a newer file's mixes added)."""
     old = [json.load(open(p)) for p in paths]
-    records, matched = {}, {}
+    records, matched, origin = {}, {}, {}
     for summary in old:
         for rec in summary["runs"]:
             known = summary.get("mixes", {}).get(rec["mix"], {}).get("variants", {}).get(
@@ -384,15 +391,17 @@ def retest(paths: list[str], out: str, target: float) -> int:
             for key in (*DYNAMICS, "final_entropy"):
                 rec.setdefault(key, known.get(key, float("nan")))
             records.setdefault(rec["mix"], {}).setdefault(rec["method"], []).append(rec)
+            mix = summary.get("mixes", {}).get(rec["mix"], {})
+            origin[rec["mix"]] = {k: mix.get(k, summary[k]) for k in ORIGIN}
             n = [o.split("=")[1] for o in rec.get("overrides", []) if o.startswith("adaptive.n=")]
             if rec["method"] == "grpo_matched" and n:
                 matched[rec["mix"]] = int(n[0])
     summary = {"start": " / ".join(dict.fromkeys(s["start"] for s in old)),
-               "command": " ; ".join(s["command"] for s in old) + " (statistics: --retest "
-                          f"{' '.join(paths)})",
-               "date": " / ".join(dict.fromkeys(s["date"] for s in old)),
+               "command": f"python experiments/compare_methods.py --retest {' '.join(paths)}",
+               "date": datetime.date.today().isoformat(),
                "runs": [rec for s in old for rec in s["runs"]]}
-    print(write_summary(summary, records, {m: matched.get(m, "-") for m in records}, target, out))
+    print(write_summary(summary, records, {m: matched.get(m, "-") for m in records}, target,
+                        out, origin))
     return 0
 
 

@@ -73,10 +73,11 @@ def test_summary_at_equal_steps_samples_seconds_and_to_target(tmp_path):
     assert test["ci95"] == pytest.approx([0.1, 0.2])  # GRPO's resampled means: 0.4 .. 0.5
 
     summary = {"start": "s", "command": "c", "date": "d", "tests": s.pop("tests"),
-               "mixes": {"hard": dict(s, grpo_matched_n=8)}}
+               "mixes": {"hard": dict(s, grpo_matched_n=8, start="st", command="cmd", date="dt")}}
     text = compare.table(summary)
     assert "| ada_balance | 2 | 0.600 ± 0.000 | 0.450 ± 0.071 |" in text
     assert "| ada_balance − grpo | +0.150 [" in text
+    assert "Runs: `cmd` (dt), from st." in text
     compare.plot(runs, ("grpo", "ada_balance"), compare.PANELS, str(tmp_path / "c.png"), "test")
     assert os.path.getsize(tmp_path / "c.png") > 10_000
 
@@ -160,6 +161,7 @@ def test_retest_recomputes_an_earlier_summary(tmp_path):
                          "--out", str(tmp_path / "new")]) == 0
     new = json.loads((tmp_path / "new" / "summary.json").read_text())
     assert set(new["mixes"]) == {"hard", "easy"} and len(new["runs"]) == 12
+    assert (new["mixes"]["hard"]["command"], new["mixes"]["easy"]["command"]) == ("old", "other")
     (t,) = [t for t in new["tests"] if t["axis"] == "equal_steps" and t["mix"] == "hard"]
     assert t["diff"] == pytest.approx(np.mean([0.58, 0.60, 0.65]) - 0.45)
     assert t["p_welch"] == pytest.approx(stats.welch([0.58, 0.60, 0.65], [0.40, 0.45, 0.50])[2])
