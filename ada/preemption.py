@@ -55,6 +55,8 @@ class Preemption:
         self.resume = "to start"
         self.in_training = False
         self._budget: threading.Timer | None = None
+        self._settled = threading.Lock()  # the budget's line and the finished stop's: one
+        self._finished = False
         self._previous: dict[int, Any] = {}
         self._fds: tuple[int, int] | None = None
         self._previous_fd = -1
@@ -116,6 +118,11 @@ class Preemption:
             self._budget.start()
 
     def _over_budget(self) -> None:
+        with self._settled:  # held into the exit: a stop finishing now waits for it
+            if not self._finished:
+                self._abandon()
+
+    def _abandon(self) -> None:
         what = (f"SIGTERM: the stop did not finish within checkpoint.preemption_budget_s="
                 f"{self.budget_s:g} s of the signal; the step in flight or its final checkpoint "
                 "is abandoned")
@@ -125,6 +132,8 @@ class Preemption:
     def done(self) -> None:
         """Training returned (after a stop: with its final checkpoint): the budget no longer
         runs."""
+        with self._settled:  # a budget that fired just now has exited already
+            self._finished = True
         if self._budget is not None:
             self._budget.cancel()
 

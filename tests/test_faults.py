@@ -185,11 +185,13 @@ def test_sigterm_past_the_budget_keeps_the_last_complete_checkpoint(tmp_path, en
     # (a save is asynchronous: step 2's may still be in flight when the budget runs out)
     r, seconds = signalled(wd, env, [signal.SIGTERM], 3, budget)
     assert r.returncode == 143 and seconds < 5, r.stderr[-3000:]
+    assert len(lines(r.stderr)) == 1, r.stderr[-3000:]
     (line,) = lines(r.stderr)
     assert line.startswith("SIGTERM: the stop did not finish within checkpoint."
                            "preemption_budget_s=0.01 s of the signal"), line
     assert "rerun python -m ada.runner" in line and "to resume from step" in line
-    assert int(line.split("to resume from step ")[1].split()[0]) == \
+    # complete when the line was written; a save in flight may complete before the exit
+    assert 1 <= int(line.split("to resume from step ")[1].split()[0]) <= \
         complete_steps(str(wd / "checkpoints"))[-1]
     assert not any(n in r.stderr for n in NOISE)
     r = run(wd, env, budget)
