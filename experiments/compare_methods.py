@@ -22,7 +22,7 @@ Writes <workdir>/<mix>/<variant>/seed<k>/ (each run's metrics, checkpoints, plot
   summary.json   {"start", "command", "date", "mixes": {mix: per variant: held-out
                  accuracy at equal steps / samples / seconds (mean, sample std), steps and
                  seconds to --target, samples, seconds, dynamics}, "tests": [{mix, a, b,
-                 axis, diff, ci95, p_welch, seeds_a, seeds_b} for each PAIRS claim on each
+                 axis, diff, ci95, p_welch, p_holm, seeds_a, seeds_b} for each PAIRS claim on each
                  axis], "runs": [per run: its dynamics and a curve point per step]}
   table.md       the same, as tables
   compare_<mix>.png   accuracy vs steps, samples and seconds; the dynamics
@@ -200,13 +200,14 @@ def with_clock(rows: list[dict]) -> list[dict]:
 
 
 def acc_at(curve: list[dict], key: str, budget: float) -> float:
-    """Held-out accuracy of the last eval at or under `budget` of `key` (samples, seconds)."""
-    pts = [p["eval_accuracy"] for p in evals(curve) if p[key] <= budget + 1e-9]
+    """Held-out accuracy of the last eval (`curve`: its eval points) at or under `budget` of
+    `key` (samples, seconds)."""
+    pts = [p["eval_accuracy"] for p in curve if p[key] <= budget + 1e-9]
     return pts[-1] if pts else float("nan")
 
 
 def first_reach(curve: list[dict], target: float) -> dict | None:
-    return next((p for p in evals(curve) if p["eval_accuracy"] >= target), None)
+    return next((p for p in curve if p["eval_accuracy"] >= target), None)
 
 
 def _dynamic(rows: list[dict], key: str) -> float:
