@@ -35,6 +35,7 @@ fails when its hook moves).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
@@ -173,19 +174,33 @@ class _Watch:
         self.collectives: dict[int, tuple[str, float, bool]] = {}  # id -> (name, start, warned)
         self.resume_hint = "rerun the same command on every host to resume from the latest checkpoint"
         self._lock = threading.Lock()
-        for target, name in ((self._beat, "ada-heartbeat"), (self._watch, "ada-watchdog")):
-            threading.Thread(target=target, name=name, daemon=True).start()
+        self._stopping = threading.Event()
+        self._threads = [threading.Thread(target=target, name=name, daemon=True)
+                         for target, name in ((self._beat, "ada-heartbeat"),
+                                              (self._watch, "ada-watchdog"))]
+        for thread in self._threads:
+            thread.start()
+        # a daemon thread still inside a coordination-service call when the interpreter
+        # finalizes is unwound through C++ frames, which aborts the process (exit -6)
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """At a normal exit: end both threads between two calls (a call runs at most a
+        coordination-service timeout; a thread still in one after that is left)."""
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(self.interval + 5)
 
     def _beat(self) -> None:
         count = 0
-        while True:
+        while not self._stopping.is_set():
             count += 1
             try:
                 self.client.key_value_set(f"ada/heartbeat/{self.pid}", str(count),
                                           allow_overwrite=True)
                 entries = self.client.key_value_dir_get("ada/")
             except Exception:  # noqa: BLE001 - the watcher decides when this is fatal
-                time.sleep(self.interval)
+                self._stopping.wait(self.interval)
                 continue
             now, pings = time.monotonic(), {}
             with self._lock:
@@ -206,12 +221,11 @@ class _Watch:
             for p, token in pings.items():  # alive: answer each new question once
                 self._set(f"ada/pong/{self.pid}/{p}", token)
                 self.answered[p] = token
-            time.sleep(self.interval)
+            self._stopping.wait(self.interval)
 
     def _watch(self) -> None:
         tick = time.monotonic()
-        while True:
-            time.sleep(self.interval / 2)
+        while not self._stopping.wait(self.interval / 2):
             now = time.monotonic()
             late, tick = now - tick - self.interval / 2, now
             if late > self.timeout_s:  # the others have given this process up: nobody to tell
