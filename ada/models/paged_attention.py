@@ -26,6 +26,12 @@ Attention reads only the pages a slot's table names, in one of two ways:
             pages per slot, rounded up to its `num_kv_pages_per_block`. Needs a TPU (or
             libtpu to compile for one) and head_dim a multiple of 128.
 
+A chunk of gather-path decode steps (the engine's generate) gathers each slot's window once,
+before its first step, into the dense cache's layout (`gather_window`), writes each new
+token into both the pool and that window, and attends over the window as the dense cache
+does (`attend_window`): the page table is fixed for the chunk, so the per-step gather and
+its relayout (4x the dense attention's time on XLA:CPU) are paid once per chunk.
+
 `paged_forward` is the model's cached forward over pages: the same weights and math as
 ada.models.transformer.forward with a KVCache, for the families that module serves.
 """
@@ -38,6 +44,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from ada.models import layers
 from ada.models.layers import scale_scores, score_scale
 from ada.models.transformer import (
     ModelConfig,
@@ -159,6 +166,46 @@ def attention_gather(q_BxTxHxHd, pages_PxSxCxHd, page_table_BxW, start_B, config
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, H * Hd)
+
+
+def gather_window(pages_PxSxCxHd, page_table_BxW, dtype=None):
+    """Each slot's first W pages as a dense cache: (keys, values), each [B, K, W * page, Hd]
+    (the dense cache's layout, `decode_attention`'s operands), position p at index p. One
+    gather each, of [page, Hd] slices straight into that layout (2x faster on XLA:CPU than
+    gathering whole page rows and relaying them out)."""
+    P, page_size, C, Hd = pages_PxSxCxHd.shape
+    B, W = page_table_BxW.shape
+    pool = pages_PxSxCxHd.reshape(P, page_size, C // 2, 2, Hd)
+    rows = local_pages(page_table_BxW, P)[:, None, :]  # [B, 1, W]
+    heads = jnp.arange(C // 2)[None, :, None]  # [1, K, 1]
+
+    def part(i):  # advanced indices first: [B, K, W, page, Hd]
+        got = pool.at[rows, :, heads, i].get(mode="promise_in_bounds")
+        return got.reshape(B, C // 2, W * page_size, Hd).astype(dtype or got.dtype)
+
+    return part(0), part(1)
+
+
+def attend_window(q_Bx1xHxHd, k_Bx1xKxHd, v_Bx1xKxHd, pages_PxSxCxHd, window_kv, page_table_BxW,
+                  start_B, count_B, config: ModelConfig, window: int | None = None):
+    """One layer's decode step (T = 1) of a gather-path chunk: write the new key and value
+    into their page and into the chunk's window (`gather_window`), then attend over the
+    written window as the dense cache does (`layers.attention`; reading the window before
+    the write, as the dense TPU step does, makes XLA:CPU copy it twice a step). An idle
+    slot's pool write is dropped and its output unused. Returns (attention [B, 1, H * Hd],
+    (pool, window))."""
+    P, page_size = pages_PxSxCxHd.shape[:2]
+    table = local_pages(page_table_BxW, P)
+    page_BxT, off_BxT = write_positions(table, start_B, count_B, 1, page_size, P)
+    pages = write_kv(pages_PxSxCxHd, k_Bx1xKxHd, v_Bx1xKxHd, page_BxT, off_BxT)
+    keys, values = (layers.write_kv(w, new, start_B)
+                    for w, new in zip(window_kv, (k_Bx1xKxHd, v_Bx1xKxHd), strict=True))
+    pos = jnp.arange(keys.shape[2])[None, :]
+    allowed = pos <= start_B[:, None]
+    if window is not None:
+        allowed &= pos > start_B[:, None] - window
+    attn = layers.attention(q_Bx1xHxHd, keys, values, allowed[:, None], config)
+    return attn, (pages, (keys, values))
 
 
 def kernel_fits(config: ModelConfig) -> bool:
@@ -285,7 +332,8 @@ def attend_pages(q_BxTxHxHd, k_BxTxKxHd, v_BxTxKxHd, pages_PxSxCxHd, page_table_
 
 def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B=None, *,
                   attention: str = "gather", blocks: tuple[int, int] | None = None,
-                  return_hidden: bool = False, kernel=ragged_decode, on_shards=None):
+                  return_hidden: bool = False, kernel=ragged_decode, on_shards=None,
+                  windows=None):
     """Run the model on T new tokens per slot over the paged cache: the dense forward's
     blocks (ada.models.transformer.block), attending through pages.
 
@@ -293,8 +341,10 @@ def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B
     all T) are padding: not written, their outputs unused. Each layer writes its new keys
     and values into their pages, then attends over the slot's pages (`attend_pages`);
     `blocks` = (num_kv_pages_per_block, num_queries_per_block) for attention="kernel"
-    (`kernel`: ragged_decode or its reference form). `on_shards` wraps attend_pages to run
-    on each shard of a mesh (None: as it is).
+    (`kernel`: ragged_decode or its reference form). `on_shards(step, windowed)` wraps
+    attend_pages (or attend_window) to run on each shard of a mesh (None: as it is).
+    `windows`: a gather-path decode step (T = 1) inside a chunk, each layer's
+    `gather_window` (module docstring); then returns (..., the updated windows) too.
     Returns (logits [B, T, V] float32 or the final hidden states, the updated PagedKV
     with lengths advanced by counts_B)."""
     c = config
@@ -305,22 +355,31 @@ def paged_forward(params, config: ModelConfig, tokens_BxT, kv: PagedKV, counts_B
     if attention == "kernel" and (T != 1 or blocks is None):
         raise ValueError("attention='kernel' is decode only (T = 1) and needs blocks=(kv pages,"
                          " queries) per block")
+    if windows is not None and (T != 1 or attention != "gather"):
+        raise ValueError("windows are the gather path's decode step (T = 1)")
     x = embed(params, c, tokens_BxT)
-    new_pages = []
-    for layer, pages, window, inv_freq in zip(per_layer(params["layers"], c.num_layers), kv.pages,
-                                              c.layer_windows, layer_inv_freqs(c), strict=True):
-        step = functools.partial(attend_pages, config=c, window=window, attention=attention,
-                                 blocks=blocks, kernel=kernel)
-        step = step if on_shards is None else on_shards(step)
+    new_pages, new_windows = [], []
+    for i, (layer, pages, window, inv_freq) in enumerate(zip(
+            per_layer(params["layers"], c.num_layers), kv.pages, c.layer_windows,
+            layer_inv_freqs(c), strict=True)):
+        if windows is None:
+            step = functools.partial(attend_pages, config=c, window=window, attention=attention,
+                                     blocks=blocks, kernel=kernel)
+            args = (pages,)
+        else:
+            step = functools.partial(attend_window, config=c, window=window)
+            args = (pages, windows[i])
+        step = step if on_shards is None else on_shards(step, windows is not None)
 
-        def attend(q, k, v, pages=pages, step=step):
-            return step(q, k, v, pages, kv.page_table, start, counts)
+        def attend(q, k, v, args=args, step=step):
+            return step(q, k, v, *args, kv.page_table, start, counts)
 
-        x, pages = block(x, layer, c, positions, inv_freq, attend)
+        x, state = block(x, layer, c, positions, inv_freq, attend)
+        pages, window_kv = state if windows is not None else (state, None)
         new_pages.append(pages)
+        new_windows.append(window_kv)
 
     x = final_norm(params, c, x)
     new_kv = kv.replace(pages=tuple(new_pages), lengths=start + counts)
-    if return_hidden:
-        return x, new_kv
-    return project_logits(params, config, x), new_kv
+    out = x if return_hidden else project_logits(params, config, x)
+    return (out, new_kv) if windows is None else (out, new_kv, tuple(new_windows))

@@ -35,6 +35,7 @@ from ada import sharding as shd
 from ada.models.paged_attention import (
     PagedKV,
     copy_pages,
+    gather_window,
     init_pages,
     kernel_fits,
     paged_forward,
@@ -105,32 +106,41 @@ def stop_fn(state: PagedState, stop_B) -> PagedState:
     return state.replace(active=state.active & ~stop_B)
 
 
-def decode_step(params, state: PagedState, page_table_BxW, *, config: ModelConfig,
-                sampling: SamplingConfig, eos_ids: tuple[int, ...], attention: str = "gather",
-                blocks=None, vocab_shards: int = 1, on_shards=None):
-    """engine.decode_step over pages: sample each active slot's token, run the model on it."""
+def decode_step(params, state: PagedState, page_table_BxW, windows=None, *,
+                config: ModelConfig, sampling: SamplingConfig, eos_ids: tuple[int, ...],
+                attention: str = "gather", blocks=None, vocab_shards: int = 1, on_shards=None):
+    """engine.decode_step over pages: sample each active slot's token, run the model on it
+    (the gather path over the chunk's `windows`, paged_attention.gather_window). Returns
+    (state, windows, (tokens, logprobs, valid))."""
     tokens_B, logprobs_B, valid_B, generated, active = sample_and_stop(
         state, sampling, eos_ids, vocab_shards)
     kv = PagedKV(pages=state.pages, page_table=page_table_BxW, lengths=state.lengths)
-    logits, kv = paged_forward(params, config, tokens_B[:, None], kv, valid_B.astype(jnp.int32),
-                               attention=attention, blocks=blocks, on_shards=on_shards)
+    logits, kv, *windows = paged_forward(
+        params, config, tokens_B[:, None], kv, valid_B.astype(jnp.int32), attention=attention,
+        blocks=blocks, on_shards=on_shards, windows=windows)
     new_state = state.replace(pages=kv.pages, lengths=kv.lengths, logits=logits[:, 0],
                               generated=generated, active=active)
-    return new_state, (tokens_B, logprobs_B, valid_B)
+    return new_state, (windows or [None])[0], (tokens_B, logprobs_B, valid_B)
 
 
 def generate_fn(params, state: PagedState, page_table_BxW, *, config: ModelConfig,
                 sampling: SamplingConfig, eos_ids: tuple[int, ...], num_steps: int,
                 attention: str = "gather", blocks=None, vocab_shards: int = 1,
-                constrain=None, on_shards=None) -> tuple[PagedState, Chunk]:
+                constrain=None, on_shards=None, gather=gather_window) -> tuple[PagedState, Chunk]:
     """num_steps decode steps under lax.scan; every live slot's pages must already hold
-    its tokens after the chunk (the host grows them first)."""
-    def body(s, _):
-        return decode_step(params, s, page_table_BxW, config=config, sampling=sampling,
-                           eos_ids=eos_ids, attention=attention, blocks=blocks,
-                           vocab_shards=vocab_shards, on_shards=on_shards)
+    its tokens after the chunk (the host grows them first). The gather path reads each
+    slot's window, `gather`ed once for the chunk (on each shard where the pool is split)."""
+    windows = (None if attention == "kernel" else
+               tuple(gather(p, page_table_BxW) for p in state.pages))
 
-    state, (tok, lp, valid) = jax.lax.scan(body, state, None, length=num_steps)
+    def body(carry, _):
+        s, w = carry
+        s, w, out = decode_step(params, s, page_table_BxW, w, config=config, sampling=sampling,
+                                eos_ids=eos_ids, attention=attention, blocks=blocks,
+                                vocab_shards=vocab_shards, on_shards=on_shards)
+        return (s, w), out
+
+    (state, _), (tok, lp, valid) = jax.lax.scan(body, (state, windows), None, length=num_steps)
     if constrain is not None:
         state = constrain(state)
     W = page_table_BxW.shape[1] * state.pages[0].shape[1]
@@ -146,23 +156,29 @@ def on_shards(mesh: Mesh, batch_axis, heads_axis):
     a prefill and a page copy read and write only pages their chip holds, the Pallas kernel
     included: no cache moves between chips.
 
-    Returns a wrapper for `paged_attention.attend_pages` (q, k, v, pages, table, start,
-    count) -> (attention, pages), and one for `copy_pages` (pages, src, dst) -> pages."""
+    Returns wrappers for `paged_attention.attend_pages` (q, k, v, pages, table, start,
+    count) -> (attention, pages), or with `windowed` for `attend_window` (q, k, v, pages,
+    window, table, start, count) -> (attention, (pages, window)); for `copy_pages` (pages,
+    src, dst) -> pages; and for `gather_window` (pages, table) -> window."""
     from jax.sharding import PartitionSpec as P
 
     b, h = batch_axis, heads_axis
     heads = P(b, None, h, None)  # q [B, T, H, Hd], k / v [B, T, K, Hd], a pool [P, S, 2K, Hd]
+    window = (P(b, h, None, None),) * 2  # keys, values [B, K, S, Hd]
 
-    def attend(step):
+    def attend(step, windowed=False):
+        pool = (heads, window) if windowed else (heads,)
         return jax.shard_map(step, mesh=mesh, check_vma=False,
-                             in_specs=(heads, heads, heads, heads, P(b, None), P(b), P(b)),
-                             out_specs=(P(b, None, h), heads))
+                             in_specs=(heads, heads, heads, *pool, P(b, None), P(b), P(b)),
+                             out_specs=(P(b, None, h), pool if windowed else heads))
 
     def copy(fn):
         return jax.shard_map(fn, mesh=mesh, check_vma=False, in_specs=(heads, P(b), P(b)),
                              out_specs=heads)
 
-    return attend, copy
+    gather = jax.shard_map(gather_window, mesh=mesh, check_vma=False,
+                           in_specs=(heads, P(b, None)), out_specs=window)
+    return attend, copy, gather
 
 
 class PagedEngine:
@@ -254,9 +270,9 @@ class PagedEngine:
                 device_kind=device.device_kind,
                 kv_head_shards=mesh.shape["tensor"] if heads else 1)
         self.blocks = blocks
-        attend, copy = None, copy_pages
+        attend, copy, gather = None, copy_pages, gather_window
         if mesh is not None and mesh.size > 1:
-            attend, on_each = on_shards(mesh, self.batch_axis, heads)
+            attend, on_each, gather = on_shards(mesh, self.batch_axis, heads)
             copy = on_each(copy_pages)
         self._prefill = jax.jit(functools.partial(prefill_fn, config=config, on_shards=attend),
                                 donate_argnums=(1,))
@@ -265,7 +281,7 @@ class PagedEngine:
         self._generate = jax.jit(
             functools.partial(generate_fn, config=config, sampling=self.sampling,
                               eos_ids=self.eos_ids, attention=self.attention, blocks=blocks,
-                              vocab_shards=self.vocab_shards, on_shards=attend,
+                              vocab_shards=self.vocab_shards, on_shards=attend, gather=gather,
                               constrain=self._constrain if mesh is not None else None),
             static_argnames=("num_steps",), donate_argnums=(1,))
         self._sampling_fn = functools.partial(sampling_params, config=config,
