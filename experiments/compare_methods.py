@@ -381,12 +381,17 @@ def write_summary(summary: dict, records: dict, matched: dict, target: float, ou
 
 
 def retest(paths: list[str], out: str, target: float) -> int:
-    """--retest: the statistics of earlier summary.json files' runs, recomputed together
-    (a mix's runs from one file, a newer file's mixes added)."""
+    """--retest: the statistics of earlier summary.json files' runs, recomputed together.
+    A mix's runs all come from one file: the last one given that holds the mix (a rerun of
+    a mix replaces its earlier runs; its other mixes are kept)."""
     old = [json.load(open(p)) for p in paths]
-    records, matched, origin = {}, {}, {}
-    for summary in old:
+    source = {rec["mix"]: i for i, summary in enumerate(old) for rec in summary["runs"]}
+    records, matched, origin, runs = {}, {}, {}, []
+    for i, summary in enumerate(old):
         for rec in summary["runs"]:
+            if source[rec["mix"]] != i:
+                continue
+            runs.append(rec)
             known = summary.get("mixes", {}).get(rec["mix"], {}).get("variants", {}).get(
                 rec["method"], {})  # runs recorded before their own dynamics: the variant's
             for key in (*DYNAMICS, "final_entropy"):
@@ -400,7 +405,7 @@ def retest(paths: list[str], out: str, target: float) -> int:
     summary = {"start": " / ".join(dict.fromkeys(s["start"] for s in old)),
                "command": f"python experiments/compare_methods.py --retest {' '.join(paths)}",
                "date": datetime.date.today().isoformat(),
-               "runs": [rec for s in old for rec in s["runs"]]}
+               "runs": runs}
     print(write_summary(summary, records, {m: matched.get(m, "-") for m in records}, target,
                         out, origin))
     return 0

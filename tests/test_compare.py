@@ -166,6 +166,18 @@ def test_retest_recomputes_an_earlier_summary(tmp_path):
     assert t["diff"] == pytest.approx(np.mean([0.58, 0.60, 0.65]) - 0.45)
     assert t["p_welch"] == pytest.approx(stats.welch([0.58, 0.60, 0.65], [0.40, 0.45, 0.50])[2])
     assert "p = " in (tmp_path / "new" / "table.md").read_text()
+    # a rerun of one mix replaces that mix's runs and keeps the others
+    rerun = [dict(r, mix="hard", final_eval_accuracy=r["final_eval_accuracy"] + 0.01)
+             for r in runs]
+    (tmp_path / "rerun.json").write_text(json.dumps(
+        {"start": "s", "command": "rerun", "date": "d", "runs": rerun}))
+    assert compare.main(["--retest", str(tmp_path / "new" / "summary.json"),
+                         str(tmp_path / "rerun.json"), "--out", str(tmp_path / "newer")]) == 0
+    newer = json.loads((tmp_path / "newer" / "summary.json").read_text())
+    assert len(newer["runs"]) == 12 and newer["mixes"]["hard"]["command"] == "rerun"
+    assert newer["mixes"]["easy"]["command"] == "other"
+    assert sorted(r["final_eval_accuracy"] for r in newer["runs"] if r["mix"] == "hard") == \
+        pytest.approx(sorted(r["final_eval_accuracy"] for r in rerun))
 
 
 def test_unknown_mix_or_variant_is_refused(capsys):
