@@ -110,6 +110,17 @@ def write_kv(pages_PxSxCxHd, k_BxTxKxHd, v_BxTxKxHd, page_BxT, offset_BxT):
                                                        mode="drop")
 
 
+def write_tokens(pages_PxSxCxHd, k_BxTxKxHd, v_BxTxKxHd, page_table_BxW, start_B, count_B):
+    """A layer's step write: each slot's count_B[b] new keys and values at positions
+    start_B[b] + t of its pages (`write_positions`, `write_kv`). Returns (pool, the page
+    table in this pool's local ids, `local_pages`)."""
+    P, page_size = pages_PxSxCxHd.shape[:2]
+    table = local_pages(page_table_BxW, P)
+    page_BxT, off_BxT = write_positions(table, start_B, count_B, k_BxTxKxHd.shape[1],
+                                        page_size, P)
+    return write_kv(pages_PxSxCxHd, k_BxTxKxHd, v_BxTxKxHd, page_BxT, off_BxT), table
+
+
 def copy_pages(pages: tuple, src_N, dst_N) -> tuple:
     """Copy whole pages src -> dst in every layer (the copy-on-write of a shared prompt's
     partial last page). Page ids are taken modulo the pool's length (`local_pages`); pairs
@@ -168,9 +179,9 @@ def attention_gather(q_BxTxHxHd, pages_PxSxCxHd, page_table_BxW, start_B, config
     return jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, H * Hd)
 
 
-def gather_window(pages_PxSxCxHd, page_table_BxW, dtype=None):
+def gather_window(pages_PxSxCxHd, page_table_BxW):
     """Each slot's first W pages as a dense cache: (keys, values), each [B, K, W * page, Hd]
-    (the dense cache's layout, `decode_attention`'s operands), position p at index p. One
+    (the dense cache's layout, `layers.attention`'s operands), position p at index p. One
     gather each, of [page, Hd] slices straight into that layout (2x faster on XLA:CPU than
     gathering whole page rows and relaying them out)."""
     P, page_size, C, Hd = pages_PxSxCxHd.shape
@@ -181,7 +192,7 @@ def gather_window(pages_PxSxCxHd, page_table_BxW, dtype=None):
 
     def part(i):  # advanced indices first: [B, K, W, page, Hd]
         got = pool.at[rows, :, heads, i].get(mode="promise_in_bounds")
-        return got.reshape(B, C // 2, W * page_size, Hd).astype(dtype or got.dtype)
+        return got.reshape(B, C // 2, W * page_size, Hd)
 
     return part(0), part(1)
 
@@ -194,10 +205,8 @@ def attend_window(q_Bx1xHxHd, k_Bx1xKxHd, v_Bx1xKxHd, pages_PxSxCxHd, window_kv,
     the write, as the dense TPU step does, makes XLA:CPU copy it twice a step). An idle
     slot's pool write is dropped and its output unused. Returns (attention [B, 1, H * Hd],
     (pool, window))."""
-    P, page_size = pages_PxSxCxHd.shape[:2]
-    table = local_pages(page_table_BxW, P)
-    page_BxT, off_BxT = write_positions(table, start_B, count_B, 1, page_size, P)
-    pages = write_kv(pages_PxSxCxHd, k_Bx1xKxHd, v_Bx1xKxHd, page_BxT, off_BxT)
+    pages, _ = write_tokens(pages_PxSxCxHd, k_Bx1xKxHd, v_Bx1xKxHd, page_table_BxW, start_B,
+                            count_B)
     keys, values = (layers.write_kv(w, new, start_B)
                     for w, new in zip(window_kv, (k_Bx1xKxHd, v_Bx1xKxHd), strict=True))
     pos = jnp.arange(keys.shape[2])[None, :]
@@ -314,11 +323,9 @@ def attend_pages(q_BxTxHxHd, k_BxTxKxHd, v_BxTxKxHd, pages_PxSxCxHd, page_table_
     so the engine runs this on each data shard's slice of a split pool (its slots' rows,
     queries and pages: paged.PagedEngine's `on_shards`), and as it is on a whole one.
     Returns (attention [B, T, H * Hd], the pool)."""
-    B, T = q_BxTxHxHd.shape[:2]
-    P, page_size = pages_PxSxCxHd.shape[:2]
-    table = local_pages(page_table_BxW, P)
-    page_BxT, off_BxT = write_positions(table, start_B, count_B, T, page_size, P)
-    pages = write_kv(pages_PxSxCxHd, k_BxTxKxHd, v_BxTxKxHd, page_BxT, off_BxT)
+    B = q_BxTxHxHd.shape[0]
+    pages, table = write_tokens(pages_PxSxCxHd, k_BxTxKxHd, v_BxTxKxHd, page_table_BxW, start_B,
+                                count_B)
     if attention != "kernel":
         return attention_gather(q_BxTxHxHd, pages, table, start_B, config, window), pages
     # the kernel's kv lengths: a slot's tokens with the new one; an idle slot (no new token,

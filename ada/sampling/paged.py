@@ -115,12 +115,12 @@ def decode_step(params, state: PagedState, page_table_BxW, windows=None, *,
     tokens_B, logprobs_B, valid_B, generated, active = sample_and_stop(
         state, sampling, eos_ids, vocab_shards)
     kv = PagedKV(pages=state.pages, page_table=page_table_BxW, lengths=state.lengths)
-    logits, kv, *windows = paged_forward(
+    logits, kv, *written = paged_forward(
         params, config, tokens_B[:, None], kv, valid_B.astype(jnp.int32), attention=attention,
         blocks=blocks, on_shards=on_shards, windows=windows)
     new_state = state.replace(pages=kv.pages, lengths=kv.lengths, logits=logits[:, 0],
                               generated=generated, active=active)
-    return new_state, (windows or [None])[0], (tokens_B, logprobs_B, valid_B)
+    return new_state, written[0] if written else None, (tokens_B, logprobs_B, valid_B)
 
 
 def generate_fn(params, state: PagedState, page_table_BxW, *, config: ModelConfig,
@@ -130,8 +130,8 @@ def generate_fn(params, state: PagedState, page_table_BxW, *, config: ModelConfi
     """num_steps decode steps under lax.scan; every live slot's pages must already hold
     its tokens after the chunk (the host grows them first). The gather path reads each
     slot's window, `gather`ed once for the chunk (on each shard where the pool is split)."""
-    windows = (None if attention == "kernel" else
-               tuple(gather(p, page_table_BxW) for p in state.pages))
+    windows = (tuple(gather(p, page_table_BxW) for p in state.pages)
+               if attention == "gather" else None)
 
     def body(carry, _):
         s, w = carry
