@@ -192,11 +192,16 @@ class Checkpointer:
         return sorted(complete), sorted(incomplete)
 
     def all_steps(self) -> list[int]:
-        """Complete steps, ascending; warns once about each incomplete entry."""
+        """Complete steps, ascending; warns once about each incomplete entry that is not the
+        save in flight. Another thread (the preemption budget's line) may list while a save
+        finishes or starts: the step in flight is read before and after the scan, so a listing
+        that saw its temporary directory does not call it a leftover."""
+        before = self._pending
         complete, incomplete = self._scan()
+        in_flight = {before, self._pending}
         for name in incomplete:
             m = _LEFTOVER_RE.match(name)
-            if name not in self._warned and not (m and int(m.group(1)) == self._pending):
+            if name not in self._warned and not (m and int(m.group(1)) in in_flight):
                 self._warned.add(name)
                 msg = (f"ignoring incomplete checkpoint {self.directory / name} "
                        "(half-written or not an orbax step); resuming from the latest complete one")

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +64,32 @@ def test_half_written_step_ignored_with_warning(tmp_path):
     for s in (9, 10, 11):
         ck2.save(s, _state(s), {})
     assert ck2.close() == 11 and ck2.all_steps() == [9, 10, 11]
+
+
+def test_a_save_finishing_during_a_listing_is_not_a_leftover(tmp_path):
+    """The preemption budget's line lists checkpoints on its own thread while the main thread
+    may be waiting for a save: a scan that saw step 2's temporary directory, finished just
+    after it (the save is then no longer in flight), must not warn about it."""
+    d = tmp_path / "ck"
+    ck = Checkpointer(str(d), keep=3)
+    ck.save(1, _state(1), {})
+    ck.wait_until_finished()
+    (d / "2.orbax-checkpoint-tmp-99").mkdir()
+    ck._pending = 2
+    scan = ck._scan
+
+    def scan_then_finish():
+        listed = scan()
+        ck._pending = None  # the main thread's wait returned meanwhile
+        return listed
+
+    ck._scan = scan_then_finish
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)
+        assert ck.latest_step() == 1
+    ck._scan = scan
+    with pytest.warns(CheckpointWarning, match="incomplete checkpoint"):  # a true leftover
+        assert ck.latest_step() == 1
 
 
 def test_restore_missing(tmp_path):
