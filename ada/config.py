@@ -393,6 +393,16 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
         problem = split_problem(d.prompts_per_step, a.n, t.mini_batches, t.micro_batches)
         need(problem is None, f"train.{problem}")
     need(t.steps >= 1, f"train.steps={t.steps} must be >= 1")
+    k = config.rl.max_staleness
+    need(isinstance(k, int) and k >= 0, f"rl.max_staleness={k!r} must be an integer >= 0 "
+         "(0 = the synchronous loop)")
+    nd = config.rl.sampler_devices
+    need(isinstance(nd, int) and nd >= 0, f"rl.sampler_devices={nd!r} must be an integer >= 0 "
+         "(0 = sampler and trainer colocated)")
+    need(not (k and method in METHODS and methods.get(method).draws_more_prompts),
+         f"rl.max_staleness={k} with method={method}: DAPO's dynamic sampling draws extra "
+         "prompts in the middle of a step, which a stream cannot checkpoint; use "
+         "rl.max_staleness=0 or another method")
     need(a.normalize_std in (None, True, False),
          f"adaptive.normalize_std={a.normalize_std!r} must be None (the method's own), true or false")
 

@@ -49,7 +49,8 @@ from ada.preemption import Preemption
 from ada.rl.batch import BatchLayout
 from ada.rl.optimizer import all_finite
 from ada.rl.train import TrainState
-from ada.step import rl_step
+from ada.step import update_step
+from ada.stream import Stream
 from ada.tracking import TrackingError, WandbLogger
 
 log = logging.getLogger("ada.loop")
@@ -151,6 +152,17 @@ def start_tracker(c, workdir: str):
         raise ConfigError(str(e)) from None
 
 
+def prompts_and_layout(c, s: setup.Setup) -> tuple[PromptIterator, BatchLayout]:
+    """This process's prompt iterator and the train batches' layout of a run."""
+    iterator = PromptIterator(s.train_records, c.data.prompts_per_step, seed=c.seed,
+                              process_index=jax.process_index(),
+                              process_count=jax.process_count(), shuffle=c.data.shuffle)
+    layout = BatchLayout(prompt_len=s.rollout.engine.max_prompt_len,
+                         response_len=c.sampling.max_new_tokens, pad_id=s.tokenizer.pad_id,
+                         mini_batches=c.train.mini_batches, trim_padding=c.train.trim_padding)
+    return iterator, layout
+
+
 def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
     main = distributed.is_main()
     tracker = start_tracker(c, workdir) if main and c.log.wandb else None
@@ -158,12 +170,7 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
     s = setup.build(c)
     setup_s = time.perf_counter() - t0
 
-    iterator = PromptIterator(s.train_records, c.data.prompts_per_step, seed=c.seed,
-                              process_index=jax.process_index(),
-                              process_count=jax.process_count(), shuffle=c.data.shuffle)
-    layout = BatchLayout(prompt_len=s.rollout.engine.max_prompt_len,
-                         response_len=c.sampling.max_new_tokens, pad_id=s.tokenizer.pad_id,
-                         mini_batches=c.train.mini_batches, trim_padding=c.train.trim_padding)
+    iterator, layout = prompts_and_layout(c, s)
     state = s.fns.init_state(s.params)
     # a copy: the train step donates the state's buffers under a mesh
     ref_params = jax.tree.map(jnp.copy, state.params) if c.loss.kl_coef > 0 else None
@@ -208,6 +215,10 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
             preemption.training(lambda: resume_text(ckpt.latest_step()))
         watch.set_resume_hint(f"rerun the same command on every host {resume_text(at)}")
 
+    k = c.rl.max_staleness
+    stream = Stream(s.rollout, state.params, iterator, base_key, max_staleness=k,
+                    version=start, last_step=c.train.steps,
+                    threaded=c.rl.sampler_devices > 0)
     hint(saved)
     if not resumed:
         first = evaluate_held_out(s, state.params) if c.eval.every else {}
@@ -217,8 +228,9 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         bar.update(first, n=0)  # the starting accuracy, shown until the next eval
 
     def save(at):
+        # the data position after batch `at`: the batches in flight are drawn again on resume
         ckpt.save(at, state_tree(state, jax.random.key_data(base_key)),
-                  {"data": iterator.get_state(), "sampler": counters, "method": c.method,
+                  {"data": stream.data_state(), "sampler": counters, "method": c.method,
                    "guard": guard})
         hint(ckpt.last_complete)  # `at` is written while the next steps run
         return at
@@ -229,11 +241,17 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         while step < c.train.steps and not stopped:
             step += 1
             _injected_fault(step)
-            state, m, _ = rl_step(state, next(iterator), jax.random.fold_in(base_key, step),
-                                  rollout=s.rollout, fns=s.fns, method=c.method, layout=layout,
-                                  normalize_std=c.adaptive.normalize_std, ref_params=ref_params,
-                                  more_prompts=iterator,
-                                  update_diagnostics=c.log.update_diagnostics)
+            t0 = time.perf_counter()
+            collected, streamed = stream.next_batch()
+            t1 = time.perf_counter()
+            state, m = update_step(state, collected, fns=s.fns, method=c.method, layout=layout,
+                                   normalize_std=c.adaptive.normalize_std,
+                                   ref_params=ref_params,
+                                   update_diagnostics=c.log.update_diagnostics,
+                                   version=step - 1 if k else None)
+            stream.set_params(state.params, step)
+            m.update(time_collect_s=t1 - t0, time_update_s=time.perf_counter() - t1,
+                     **stream_metrics(streamed, k))
             counters = {"samples_total": int(counters["samples_total"] + m["samples"]),
                         "prompts_total": int(counters["prompts_total"] + c.data.prompts_per_step)}
             m["samples_total"] = counters["samples_total"]
@@ -259,6 +277,8 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         with contextlib.suppress(Exception):  # the save in flight is of a good step: finish it
             ckpt.close()
         raise
+    finally:
+        stream.close()
     hint(saved)
     bar.close()
     writer.close()
@@ -286,6 +306,25 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         _write_json(paths.join(workdir, "summary.json"), summary, "the run's summary")
     distributed.sync("train_end")
     return summary
+
+
+def stream_metrics(local: dict, k: int) -> dict:
+    """The stream's per-step metrics over every process: the staleness of the trained
+    tokens (with k = 0 the importance weights are 1 by definition, and the loss computes
+    none), the idle shares and queue of the slowest process."""
+    hist = distributed.global_sum(np.asarray(local["staleness_hist"], np.int64))
+    worst = distributed.allgather(np.array([
+        local["staleness_max"], local["sampler_idle_share"], local["trainer_idle_share"],
+        local["queue_depth"], local["cohorts_in_flight"]], np.float64)).max(axis=0)
+    out = {"staleness_max": int(worst[0]),
+           "staleness_mean": float(np.arange(hist.size) @ hist / max(hist.sum(), 1)),
+           "staleness_hist": [int(x) for x in hist],
+           "sampler_idle_share": float(worst[1]), "trainer_idle_share": float(worst[2]),
+           "queue_depth": int(worst[3]), "cohorts_in_flight": int(worst[4]),
+           "slot_occupancy": float(local["slot_occupancy"])}
+    if not k:
+        out.update(is_weight_mean=1.0, is_weight_truncated_share=0.0)
+    return out
 
 
 def _injected_fault(step: int) -> None:

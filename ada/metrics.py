@@ -22,6 +22,13 @@ import numpy as np
 from ada import paths
 
 METRICS_FILE = "metrics.jsonl"
+# Keys of a row that measure time: two runs of the same steps differ in them (the rest of a
+# killed-and-resumed run's rows equal an uninterrupted run's)
+TIMINGS = ("setup_s", "warmstart_cached", "sampler_idle_share", "trainer_idle_share")
+
+
+def is_timing(key: str) -> bool:
+    return key.startswith("time_") or key in TIMINGS
 
 
 def _is_main() -> bool:

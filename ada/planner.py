@@ -63,6 +63,7 @@ from ada.rl import train as rl
 from ada.roofline import (
     decode_floor,
     device_bytes,
+    disaggregated,
     estimate,
     paged_estimate,
     prefill_floor,
@@ -464,4 +465,10 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         p["estimate"] = estimate(p, model_cfg, chip, probe)
         if p.get("paged"):
             p["estimate"]["paged"] = paged_estimate(p["paged"], engine, params, probe, chip)
+        a = config.adaptive  # a step's tokens: the budget M x N per prompt (grpo: n)
+        per_prompt = a.samples_per_round * a.max_rounds if methods.get(
+            config.method).adaptive_rounds else a.n
+        mean = config.sampling.mean_response_len or config.sampling.max_new_tokens // 2
+        p["disaggregated"] = disaggregated(p, config.data.prompts_per_step * per_prompt * mean,
+                                           hbm)
     return p

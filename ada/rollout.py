@@ -39,17 +39,24 @@ class Rollout:
         return Driver(self.engine, params, tokenizer=self.tokenizer,
                       step_key=jax.random.key_data(key))
 
+    def collector(self, driver, step_key=None) -> Collector:
+        """The adaptive collection of this process's prompt records over `driver`; its
+        requests draw with `step_key` (None: the driver's; ada/stream.py gives each step's
+        prompts their own)."""
+        return Collector(
+            self.collect_cfg, self.reward, driver=driver,
+            make_request=lambda r: Request(prompt_tokens=r.prompt["prompt_tokens"],
+                                           prompt_id=r.prompt_id, sample_idx=r.sample_idx,
+                                           step_key=step_key),
+            process_index=self.process_index, process_count=self.process_count)
+
     def collect(self, params, prompts: Sequence[dict], key,
                 more_prompts: Iterable[Sequence[dict]] | None = None) -> Collected:
         """One adaptive collection of this process's prompt records (with `prompt_tokens`);
         DAPO draws further prompts one by one from the batches of `more_prompts`."""
         with jax.default_device(jax.local_devices()[0]):
             driver = self.driver(params, jax.random.fold_in(key, 0))
-            collector = Collector(
-                self.collect_cfg, self.reward, driver=driver,
-                make_request=lambda r: Request(prompt_tokens=r.prompt["prompt_tokens"],
-                                               prompt_id=r.prompt_id, sample_idx=r.sample_idx),
-                process_index=self.process_index, process_count=self.process_count)
+            collector = self.collector(driver)
             more = None
             if self.collect_cfg.dynamic_sampling:
                 more = itertools.chain.from_iterable(more_prompts or ())

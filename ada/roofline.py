@@ -157,3 +157,43 @@ def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
             "train_step_s": train_s,
             "train_mfu": train_s and model_flops / (train_s * CHIPS[chip][0]),
             "reshard_s": roofline_s(p["phases"]["reshard"], chip)}
+
+
+def disaggregated(p: dict, tokens_per_step: float, hbm: float | None) -> dict | None:
+    """The stream's disaggregated layout (ada/stream.py, rl.sampler_devices = N): on each
+    host N chips sample and the others train, each role on its own. From the plan's
+    estimate, in chip-seconds per step: sampling `tokens_per_step` at the decode bound, and
+    the train step's bound times the chips it ran on; both scale as 1 / chips (data
+    parallel). The synchronous colocated step takes their sum over every chip; the
+    disaggregated one the slower role's, so its best N balances them: the bound is then
+    never below the colocated one (the stream's gain is the drain a real synchronous step
+    pays, which no roofline sees), and the split costs only its rounding to whole chips.
+    Memory per role is scaled from the compiled figures, not compiled: the train step's
+    peak over the trainer chips (its state and batch split over fewer), generate's peak
+    without the train state beside it. None without the estimate's train and decode
+    bounds."""
+    e = p.get("estimate") or {}
+    rate, train_s = e.get("decode_tokens_per_s_per_chip"), e.get("train_step_s")
+    if not rate or not train_s:
+        return None
+    chips, hosts, per_host = p["devices"], p["hosts"], p["chips_per_host"]
+    sample_cs, train_cs = tokens_per_step / rate, train_s * chips  # chip-seconds
+    reshard = e.get("reshard_s") or 0.0
+    tensor = p["sampling_mesh"]["tensor"]
+    ph = p["phases"]
+    splits = []
+    for n in range(tensor, per_host, tensor):  # a whole sampling tensor group per host
+        trainers = (per_host - n) * hosts
+        train_peak = ph["train"]["peak_bytes"] * chips / trainers
+        sampler_peak = ph["generate"]["peak_bytes"]
+        s, t = sample_cs / (n * hosts), train_cs / trainers
+        splits.append(dict(sampler_chips_per_host=n, trainer_chips=trainers,
+                           sample_s=s, train_s=t, step_s=max(s, t) + reshard,
+                           trainer_peak_bytes=train_peak, sampler_peak_bytes=sampler_peak,
+                           fits=hbm is None or (train_peak <= hbm and sampler_peak <= hbm)))
+    colocated = (sample_cs + train_cs) / chips + reshard
+    fitting = [s for s in splits if s["fits"]]
+    best = min(fitting or splits, key=lambda s: s["step_s"], default=None)
+    return dict(tokens_per_step=tokens_per_step, sample_chip_s=sample_cs, train_chip_s=train_cs,
+                colocated_step_s=colocated, best=best, splits=splits,
+                balanced_sampler_share=sample_cs / (sample_cs + train_cs))

@@ -20,7 +20,6 @@ from typing import Any
 import jax
 
 from ada import paths, warmstart
-from ada import sharding as shd
 from ada.checkpoint import Checkpointer
 from ada.config import ConfigError, collect_config, load_run_config, train_config
 from ada.data.preprocess import DifficultyFilter, difficulty_filter
@@ -28,6 +27,7 @@ from ada.data.sources import DataError, RecordFormat, load_records
 from ada.data.synthetic import make_dataset
 from ada.data.tfds_source import TfdsError, load_tfds  # imports TensorFlow only when called
 from ada.evaluation import pass_rates
+from ada.meshes import sampling_mesh, train_mesh
 from ada.models import init_params, preset
 from ada.models.hf import load_hf
 from ada.models.hf_config import read_config
@@ -265,34 +265,6 @@ def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_re
 
 
 # ----------------------------------------------------------------------------- training, sampling
-
-
-def train_mesh(config):
-    """None (plain jit) on one device; else a (data, fsdp, tensor) mesh over all devices."""
-    n = jax.device_count()
-    data, fsdp, tensor = config.mesh.data, config.mesh.fsdp, config.mesh.tensor
-    if data == -1:
-        if n % (fsdp * tensor):
-            raise ConfigError(f"mesh fsdp*tensor={fsdp * tensor} does not divide the {n} devices; "
-                              "change mesh.fsdp / mesh.tensor")
-        data = n // (fsdp * tensor)
-    if data * fsdp * tensor == 1:
-        return None
-    return shd.make_mesh((data, fsdp, tensor))
-
-
-def sampling_mesh(config):
-    """This process's devices as `sampling.mesh` = (data, tensor) (ada.sharding.local_mesh;
-    generation is process-local), or None on a single device."""
-    data, tensor = config.sampling.mesh
-    n = jax.local_device_count()
-    if data == -1:
-        data = n // tensor
-    if data < 1 or n % (data * tensor):
-        raise ConfigError(f"sampling.mesh={tuple(config.sampling.mesh)} does not divide this "
-                          f"process's {n} devices; choose (data, tensor) whose product divides "
-                          f"{n} (data=-1: all of them)")
-    return shd.local_mesh(data, tensor) if jax.device_count() > 1 else None
 
 
 def make_engine(config, model_cfg, tokenizer: Tokenizer | None, mesh=None, *,

@@ -98,10 +98,12 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
-def local_mesh(data: int, tensor: int) -> Mesh:
-    """The sampler's (data, 1, tensor) mesh over this process's first data*tensor devices
-    in id order, the order `replica_mesh` groups every process's devices in."""
-    return make_mesh((data, 1, tensor), _by_id(jax.local_devices())[:data * tensor])
+def local_mesh(data: int, tensor: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The sampler's (data, 1, tensor) mesh over the first data*tensor of `devices` (default
+    this process's) in id order, the order `replica_mesh` groups every process's devices
+    in."""
+    devices = jax.local_devices() if devices is None else devices
+    return make_mesh((data, 1, tensor), _by_id(devices)[:data * tensor])
 
 
 def replica_mesh(mesh: Mesh, devices: Sequence[jax.Device]) -> Mesh | None:

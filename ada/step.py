@@ -1,7 +1,9 @@
 """One RL step, top-down: collect -> select -> advantages -> batch -> update -> metrics.
 
     collected = rollout.collect(params, prompts, key)     ada/rollout.py -> ada/adaptive
-                                                          (rounds, exit rules, selection)
+                                                          (rounds, exit rules, selection);
+                                                          the run's loop takes it from
+                                                          ada/stream.py instead
     advantages = methods.advantages(method, collected)    ada/methods.py -> ada/rl/advantages
     batch = build_train_batch(collected, advantages)      ada/rl/batch.py (cut to its lengths)
     batch = fns.add_logps(state, batch, ref_params)       ada/rl/train.py (old / reference logp)
@@ -40,11 +42,27 @@ def rl_step(state: TrainState, prompts: list[dict], key, *, rollout: Rollout, fn
     t0 = time.perf_counter()
     collected = rollout.collect(state.params, prompts, key, more_prompts)
     t1 = time.perf_counter()
+    state, metrics = update_step(state, collected, fns=fns, method=method, layout=layout,
+                                 normalize_std=normalize_std, ref_params=ref_params,
+                                 update_diagnostics=update_diagnostics)
+    metrics["time_collect_s"] = t1 - t0
+    metrics["time_update_s"] = time.perf_counter() - t1
+    return state, metrics, collected
+
+
+def update_step(state: TrainState, collected: Collected, *, fns: TrainFns, method: str,
+                layout: BatchLayout, normalize_std: bool | None = None, ref_params=None,
+                update_diagnostics: bool = False,
+                version: int | None = None) -> tuple[TrainState, dict]:
+    """The update half of `rl_step` on a collected batch: advantages, batch, log-probs,
+    train step, metrics. `version` (the policy version of `state`, a stream with
+    rl.max_staleness > 0): the batch also carries each token's behaviour log-prob and lag
+    behind it, for the decoupled objective (ada/rl/losses.py: `is_weights`)."""
     adv_PxN = methods.advantages(method, collected, normalize_std)
     lengths = None  # the batch's own; across processes, one shape for the global batch
     if jax.process_count() > 1:
         lengths = distributed.allgather(longest(collected)).max(axis=0)
-    batch = build_train_batch(collected, adv_PxN, layout, lengths)
+    batch = build_train_batch(collected, adv_PxN, layout, lengths, version=version)
     batch = fns.shard_batch(batch) if jax.process_count() == 1 else to_global(batch, fns.mesh)
     batch = fns.add_logps(state, batch, ref_params)
     if update_diagnostics:
@@ -53,10 +71,7 @@ def rl_step(state: TrainState, prompts: list[dict], key, *, rollout: Rollout, fn
     if update_diagnostics:
         train_m = dict(train_m, **_update_effect(logp_before, fns.response_logp(
             state.params, batch), batch["advantages"], batch["response_mask"]))
-    metrics = step_metrics(collected, jax.device_get(train_m))
-    metrics["time_collect_s"] = t1 - t0
-    metrics["time_update_s"] = time.perf_counter() - t1
-    return state, metrics, collected
+    return state, step_metrics(collected, jax.device_get(train_m))
 
 
 @jax.jit

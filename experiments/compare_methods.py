@@ -89,24 +89,30 @@ MIXES = {
 
 def run_one(args, overrides, mix: str, variant: str, method: str, extra: list, seed: int):
     """One run (reused when finished): (metrics rows with the clock, its record)."""
-    from ada.loop import train
-
     wd = os.path.join(args.workdir, mix, variant, f"seed{seed}")
     cfg = cfglib.build_config(args.config, [
         ("method", method), ("seed", str(seed)), ("data.pass_rate_range", repr(MIXES[mix][0])),
         *MIXES[mix][1], *extra, *overrides])
+    rows, load = train_once(cfg, wd, f"{mix} {variant} seed {seed}")
+    return rows, record(rows, mix=mix, method=variant, seed=seed, config_method=method,
+                        overrides=[f"{k}={v}" for k, v in extra], **load)
+
+
+def train_once(cfg, wd: str, label: str) -> tuple[list[dict], dict]:
+    """Train `cfg` in `wd` unless it finished before: its clocked metrics rows, and the load
+    average around the run (its seconds are only comparable under equal load)."""
+    from ada.loop import train
+
     cfglib.validate(cfg, wd)
     done, load_file = os.path.join(wd, "summary.json"), os.path.join(wd, "load.json")
     if not os.path.exists(done):
-        print(f"== {mix} {variant} seed {seed} -> {wd}", flush=True)
+        print(f"== {label} -> {wd}", flush=True)
         before = os.getloadavg()
         train(cfg, wd)
         with open(load_file, "w") as f:
             json.dump({"loadavg_before": before, "loadavg_after": os.getloadavg()}, f)
-    rows = with_clock(read_jsonl(os.path.join(wd, "metrics.jsonl")))
     load = json.load(open(load_file)) if os.path.exists(load_file) else {}
-    return rows, record(rows, mix=mix, method=variant, seed=seed, config_method=method,
-                        overrides=[f"{k}={v}" for k, v in extra], **load)
+    return with_clock(read_jsonl(os.path.join(wd, "metrics.jsonl"))), load
 
 
 DYNAMICS = ("zero_variance_share", "samples_per_prompt", "entropy", "lacking_pos_share_round0",

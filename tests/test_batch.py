@@ -59,6 +59,33 @@ def test_trimmed_batch_is_the_full_batch_without_its_padding_columns():
     assert off.fit(lp, lr) is off
 
 
+def test_a_streamed_batch_carries_each_tokens_behaviour_logp_and_lag():
+    """With the training version, each response token's sampler log-prob and its lag
+    (version - the version that sampled it) sit at the token's position; elsewhere 0."""
+    col = collected()
+    rng = np.random.default_rng(2)
+    for row in col.completions:
+        for c in row:
+            if c is not None:
+                c.logprobs = (-rng.exponential(1.0, len(c.token_ids))).tolist()
+                c.versions = sorted(rng.integers(3, 6, len(c.token_ids)).tolist())
+    adv = np.zeros((8, 4), np.float32)
+    plain = build_train_batch(col, adv, FULL)
+    assert "lag" not in plain and "behav_logp" not in plain
+    batch = build_train_batch(col, adv, FULL, version=5)
+    Tp = batch["tokens"].shape[1] - FULL.fit(*longest(col)).response_len
+    for c in (c for row in col.completions for c in row if c is not None):
+        want = np.zeros(batch["tokens"].shape[1], np.int32)
+        # mini_batches=2 permutes the rows: find the response's row by its tokens
+        b = next(i for i in range(32) if list(batch["tokens"][i, Tp:Tp + len(c.token_ids)])
+                 == c.token_ids and batch["response_mask"][i].sum() == len(c.token_ids))
+        want[Tp:Tp + len(c.token_ids)] = 5 - np.asarray(c.versions)
+        np.testing.assert_array_equal(batch["lag"][b], want)
+        np.testing.assert_allclose(batch["behav_logp"][b, Tp:Tp + len(c.token_ids)],
+                                   c.logprobs, rtol=1e-6)
+    assert batch["lag"].max() == 2 and (batch["lag"][batch["response_mask"] == 0] == 0).all()
+
+
 def test_a_prompt_longer_than_the_layout_is_named():
     col = collected(max_prompt=11)
     with pytest.raises(ValueError, match="prompt_len=8.*longest"):

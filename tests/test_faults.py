@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pytest
 
-from ada.metrics import read_jsonl
+from ada.metrics import is_timing, read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -96,8 +96,7 @@ def lines(text):
 
 
 def rows(workdir):
-    return [{k: v for k, v in r.items() if not k.startswith("time_")
-             and k not in ("setup_s", "warmstart_cached")}
+    return [{k: v for k, v in r.items() if not is_timing(k)}
             for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
 
 

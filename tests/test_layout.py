@@ -8,7 +8,8 @@ inside a function):
   core          sampling, adaptive, rl, warmstart (pure functions and their jitted forms)
   method        methods (the table), rollout (sampling for the loop), evaluation
   config        config (loads and validates a whole run: reads the method table)
-  run           setup (config -> pieces, a saved run -> its policy), step (one RL step)
+  run           setup (config -> pieces, a saved run -> its policy), step (one RL step),
+                stream (the sampler across steps), meshes (devices per role)
   loop          loop (the training loop), planner (a config on a TPU slice), roofline
   commands      ada/cli/: every command line
 
@@ -29,7 +30,7 @@ LAYERS = {
     "ada.sampling": 1, "ada.adaptive": 1, "ada.rl": 1, "ada.warmstart": 1,
     "ada.methods": 2, "ada.rollout": 2, "ada.evaluation": 2,
     "ada.config": 3,
-    "ada.setup": 4, "ada.step": 4,
+    "ada.setup": 4, "ada.step": 4, "ada.stream": 4, "ada.meshes": 4,
     "ada.loop": 5, "ada.planner": 5, "ada.roofline": 5,
     "ada.cli": 6,
 }

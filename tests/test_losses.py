@@ -9,8 +9,9 @@ from ada.rl import losses
 from ada.rl.losses import LossConfig, policy_loss
 
 
-def np_reference(logp, old, adv_B, mask, ent, ref, cfg: LossConfig):
-    """Brute-force float64 reference of `policy_loss` (loss and metrics)."""
+def np_reference(logp, old, adv_B, mask, ent, ref, cfg: LossConfig, weight=None):
+    """Brute-force float64 reference of `policy_loss` (loss and metrics); `weight`: each
+    token's importance weight (decoupled PPO)."""
     logp, old, ent, ref = (np.asarray(x, np.float64) for x in (logp, old, ent, ref))
     adv_B = np.asarray(adv_B, np.float64)
     mask = np.asarray(mask, bool)
@@ -55,7 +56,7 @@ def np_reference(logp, old, adv_B, mask, ent, ref, cfg: LossConfig):
         n = mask.sum()
         return x[mask].sum() / max(n, 1)
 
-    pg = agg(per_tok)
+    pg = agg(per_tok if weight is None else per_tok * weight)
     total = pg - cfg.entropy_coef * agg(ent) + cfg.kl_coef * agg(kl)
     return {"loss": total, "pg_loss": pg, "kl": agg(kl), "entropy": tmean(ent),
             "clip_frac": tmean(clipped), "dual_clip_frac": tmean(dual),
@@ -162,3 +163,53 @@ def test_bad_config_is_named():
     with pytest.raises(ValueError, match="ref_logp"):
         z = jnp.zeros((2, 3))
         policy_loss(z, z, jnp.zeros(2), z, LossConfig(kl_coef=0.1))
+
+
+def np_is_weights(prox, behav, lag, cap):
+    """float64 reference of `losses.is_weights`: 1 for fresh tokens; for stale ones
+    min(prox / behav, cap), 0 where the ratio is not finite."""
+    w = np.ones(prox.shape)
+    truncated = np.zeros(prox.shape, bool)
+    nonfinite = np.zeros(prox.shape, bool)
+    for idx in np.ndindex(prox.shape):
+        if lag[idx] <= 0:
+            continue
+        log_w = float(prox[idx]) - float(behav[idx])
+        if not np.isfinite(log_w):
+            w[idx], nonfinite[idx] = 0.0, True
+            continue
+        w[idx] = min(np.exp(log_w), cap)
+        truncated[idx] = np.exp(log_w) > cap
+    return w, truncated, nonfinite
+
+
+def test_decoupled_is_weights_match_numpy():
+    """Stale tokens weigh proximal / behaviour, capped; fresh ones exactly 1; a behaviour
+    log-prob of -inf or NaN gives weight 0 and no non-finite loss."""
+    cfg = LossConfig(is_weight_cap=2.0)
+    logp, old, adv, mask, ent, ref = random_inputs(3)
+    rng = np.random.default_rng(4)
+    behav = old + rng.normal(0, 0.8, old.shape)  # ratios on both sides of the cap
+    lag = rng.integers(0, 3, old.shape)
+    behav[1, 2], lag[1, 2] = -np.inf, 1
+    behav[3, 4], lag[3, 4] = np.nan, 2
+    mask[1, 2] = mask[3, 4] = True
+    w, truncated, nonfinite = np_is_weights(old, behav, lag, cfg.is_weight_cap)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    got_w = losses.is_weights(f32(old), f32(behav), jnp.asarray(lag), cfg.is_weight_cap)
+    np.testing.assert_allclose(np.asarray(got_w["weight"]), w, rtol=1e-6)
+    assert np.array_equal(np.asarray(got_w["truncated"]), truncated) and truncated[mask].any()
+    assert np.array_equal(np.asarray(got_w["nonfinite"]), nonfinite)
+    assert np.all(np.asarray(got_w["weight"])[lag == 0] == 1.0)
+    want = np_reference(logp, old, adv, mask, ent, ref, cfg, weight=w)
+    _, got = policy_loss(f32(logp), f32(old), f32(adv), jnp.asarray(mask), cfg,
+                         entropy_BxT=f32(ent), ref_logp_BxT=f32(ref), is_weight=got_w)
+    for k in ("loss", "pg_loss"):
+        np.testing.assert_allclose(float(got[k]), want[k], rtol=2e-6, atol=1e-7, err_msg=k)
+    n = mask.sum()
+    np.testing.assert_allclose(float(got["is_weight_mean"]), w[mask].sum() / n, rtol=1e-6)
+    assert float(got["is_weight_truncated_share"]) == pytest.approx(truncated[mask].sum() / n)
+    assert float(got["is_weight_nonfinite_share"]) == pytest.approx(nonfinite[mask].sum() / n)
+    grads = jax.grad(lambda lp: policy_loss(lp, f32(old), f32(adv), jnp.asarray(mask), cfg,
+                                            is_weight=got_w)[0])(f32(logp))
+    assert np.isfinite(np.asarray(grads)).all()

@@ -44,8 +44,9 @@ def _final_params(workdir):
 
 
 def _strip_times(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time_") and k not in ("setup_s", "warmstart_cached")}
-            for r in rows]
+    from ada.metrics import is_timing
+
+    return [{k: v for k, v in r.items() if not is_timing(k)} for r in rows]
 
 
 @pytest.fixture(scope="module")

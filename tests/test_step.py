@@ -46,7 +46,7 @@ def test_readme_example_advantages_equal_the_steps(method, monkeypatch):
     cfg = C.build_config(f"{DEFAULT}:{method}")
     captured = {}
 
-    def spy(collected, adv_PxN, *layout_and_lengths):
+    def spy(collected, adv_PxN, *layout_and_lengths, **version):
         captured["adv"] = adv_PxN
         raise _Stop
 

@@ -42,7 +42,7 @@ import dataclasses
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -159,25 +159,45 @@ class DispatchPolicy:
         return out
 
 
-def drain_steps(driver, requests: Sequence[SampleRequest], make_request=None) -> Iterator[list]:
-    """Run a list of requests through a slot driver to completion, yielding what each driver
-    step finished."""
+# A collection is a generator (`Collector.collect_steps`): it submits requests to its
+# driver, and where it needs the driver to run it yields STEP; whoever runs it does one
+# driver.step() and sends back the completions of that step that are the collection's.
+# `run_steps` runs one collection alone (the synchronous step); ada/stream.py runs several
+# steps' collections over one driver at once.
+STEP = None
+
+
+def run_steps(steps: Generator, driver):
+    """Run a collection generator alone over `driver` (every completion is its own);
+    returns what it returns."""
+    got = None
+    try:
+        while True:
+            steps.send(got)
+            got = driver.step()
+    except StopIteration as stop:
+        return stop.value
+
+
+def drain_steps(driver, requests: Sequence[SampleRequest], make_request=None,
+                on_step: Callable[[list], Any] | None = None) -> Generator:
+    """Run a list of requests through a slot driver to completion (a round's `generate`;
+    the STEP protocol above): `on_step` sees what each driver step finished; returns every
+    completion."""
     make_request = make_request or (lambda r: r)
-    pending, inflight = deque(requests), 0
+    pending, inflight, out = deque(requests), 0, []
     while pending or inflight:
         for _ in range(min(driver.free_slots(), len(pending))):
             driver.submit(make_request(pending.popleft()))
             inflight += 1
-        if inflight == 0:
+        if inflight == 0 and not getattr(driver, "shared", False):  # shared: others' slots
             raise RuntimeError("the driver reports no free slots but holds none of our requests")
-        got = driver.step()
+        got = yield STEP
         inflight -= len(got)
-        yield got
-
-
-def drain(driver, requests: Sequence[SampleRequest], make_request=None) -> list:
-    """Run a list of requests through a slot driver to completion (a round's `generate`)."""
-    return [c for got in drain_steps(driver, requests, make_request) for c in got]
+        out.extend(got)
+        if on_step is not None:
+            on_step(got)
+    return out
 
 
 @dataclasses.dataclass
@@ -224,17 +244,23 @@ class Collector:
     def collect(self, prompts: Sequence, key: jax.Array,
                 more_prompts: Iterable | None = None) -> Collected:
         """Collect groups for `prompts` (DAPO also draws from `more_prompts`)."""
+        return run_steps(self.collect_steps(prompts, key, more_prompts), self.driver)
+
+    def collect_steps(self, prompts: Sequence, key: jax.Array,
+                      more_prompts: Iterable | None = None) -> Generator:
+        """`collect` as a generator of the STEP protocol (module code above `run_steps`):
+        returns the Collected."""
         prompts = list(prompts)
         if not prompts:
             raise ValueError("collect() needs at least one prompt")
         t0 = time.perf_counter()
         if not self.config.dynamic_sampling:
-            out = self._collect_batch(prompts, key, batch=0, width=len(prompts))
+            out = yield from self._collect_batch(prompts, key, batch=0, width=len(prompts))
         else:
             if more_prompts is None:
                 raise ValueError("dynamic_sampling (DAPO) needs more_prompts=an iterator of "
                                  "further prompt records to draw when groups are dropped")
-            out = self._collect_dynamic(prompts, key, iter(more_prompts))
+            out = yield from self._collect_dynamic(prompts, key, iter(more_prompts))
         out.metrics["seconds"] = time.perf_counter() - t0
         return out
 
@@ -267,7 +293,7 @@ class Collector:
         s = pool.stats
         return np.asarray(self._rule(s.pos, s.neg, s.seen, self.config.n), bool)
 
-    def _collect_batch(self, prompts: list, key, batch: int, width: int) -> Collected:
+    def _collect_batch(self, prompts: list, key, batch: int, width: int) -> Generator:
         """One prompt batch; `batch` numbers DAPO's draws and, with the collection's prompt
         count `width`, sets the global prompt ids (module doc)."""
         cfg = self.config
@@ -275,12 +301,12 @@ class Collector:
         offset = (batch * self.process_count + self.process_index) * width
         counters = {"reward_failures": 0, "late_samples": 0}
         if cfg.scheduler == "rounds":
-            rounds = self._run_rounds(prompts, pool, offset, counters)
+            rounds = yield from self._run_rounds(prompts, pool, offset, counters)
         else:
-            rounds = self._run_continuous(prompts, pool, offset, counters)
+            rounds = yield from self._run_continuous(prompts, pool, offset, counters)
         return self._finish(prompts, pool, key, counters, rounds, offset)
 
-    def _run_rounds(self, prompts, pool: Pool, offset, counters) -> list[dict]:
+    def _run_rounds(self, prompts, pool: Pool, offset, counters) -> Generator:
         cfg, out = self.config, []
         done = np.zeros(pool.num_prompts, bool)
         for r in range(cfg.max_rounds):
@@ -291,7 +317,7 @@ class Collector:
             self.driver.keep_prompts(active + offset)
             reqs = [SampleRequest(int(p) + offset, pool.next_sample_idx(int(p)), prompts[p])
                     for p in active for _ in range(cfg.samples_per_round)]
-            completions, scored = self._generate_scored(reqs, prompts, offset)
+            completions, scored = yield from self._generate_scored(reqs, prompts, offset)
             if len(completions) != len(reqs):
                 raise RuntimeError(f"generate returned {len(completions)} completions for "
                                    f"{len(reqs)} requests; it must answer every request")
@@ -315,24 +341,24 @@ class Collector:
         pos, neg = np.asarray(pool.stats.pos)[prompts], np.asarray(pool.stats.neg)[prompts]
         return dict(lacking_pos=int(np.sum(pos < n // 2)), lacking_neg=int(np.sum(neg < n - n // 2)))
 
-    def _generate_scored(self, reqs, prompts, offset) -> tuple[list, tuple | None]:
+    def _generate_scored(self, reqs, prompts, offset) -> Generator:
         """A round's completions, and with `overlap_scoring` their `_score`: each driver
         step's completions are scored on a thread while the driver decodes on.
         The pool takes the round whole either way, in completion order, so the exit
         decisions and the collected batch do not change (tests/test_overlap.py)."""
         if not self.config.overlap_scoring:
-            return drain(self.driver, reqs, self.make_request), None
-        completions, parts = [], []
+            return (yield from drain_steps(self.driver, reqs, self.make_request)), None
+        parts = []
         with ThreadPoolExecutor(max_workers=1) as scorer:
-            for got in drain_steps(self.driver, reqs, self.make_request):
-                completions.extend(got)
-                parts.append(scorer.submit(self._score, prompts, offset, got))
+            completions = yield from drain_steps(
+                self.driver, reqs, self.make_request,
+                lambda got: parts.append(scorer.submit(self._score, prompts, offset, got)))
             parts = [f.result() for f in parts]
         return completions, ([p for rows, _, _ in parts for p in rows],
                              np.concatenate([r for _, r, _ in parts]),
                              np.concatenate([f for _, _, f in parts]))
 
-    def _run_continuous(self, prompts, pool: Pool, offset, counters) -> list[dict]:
+    def _run_continuous(self, prompts, pool: Pool, offset, counters) -> Generator:
         cfg, drv, s = self.config, self.driver, pool.stats
         done = np.zeros(pool.num_prompts, bool)
         t0, rewards, steps = time.perf_counter(), [], 0
@@ -344,12 +370,14 @@ class Collector:
                 drv.submit(self.make_request(
                     SampleRequest(p + offset, pool.next_sample_idx(p), prompts[p])))
             if int(pool.inflight.sum()) == 0:
-                if free == 0 and np.any(~done & (pool.dispatched < cfg.budget)):
+                if not (free == 0 and np.any(~done & (pool.dispatched < cfg.budget))):
+                    break  # nothing in flight and no prompt eligible: every prompt done or spent
+                if not getattr(drv, "shared", False):  # shared: the slots are others' (stream)
                     raise RuntimeError("the driver reports no free slots but holds none of our "
                                        "requests; is another client using it?")
-                break  # nothing in flight and no prompt eligible: every prompt done or spent
             steps += 1
-            for p, r in self._ingest(pool, prompts, offset, drv.step(), counters):
+            got = yield STEP
+            for p, r in self._ingest(pool, prompts, offset, got, counters):
                 rewards.append(r)
                 if done[p]:
                     counters["late_samples"] += 1
@@ -389,12 +417,13 @@ class Collector:
                            round0_samples=int(first.sum()))
         return out
 
-    def _collect_dynamic(self, prompts, key, more: Iterator) -> Collected:
+    def _collect_dynamic(self, prompts, key, more: Iterator) -> Generator:
         P = len(prompts)
         kept, uniform, batches, drawn = [], [], [], 0
         batch = prompts
         for b in range(self.config.dapo_max_batches):
-            res = self._collect_batch(batch, jax.random.fold_in(key, b), batch=b, width=P)
+            res = yield from self._collect_batch(batch, jax.random.fold_in(key, b), batch=b,
+                                                 width=P)
             batches.append(res)
             drawn += len(batch)
             for i in range(len(batch)):

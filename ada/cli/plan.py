@@ -206,6 +206,27 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                 f"  prefill    <= {f('prefill_tokens_per_s_per_chip', ',.0f')} tokens/s/chip",
                 bytes_line(e.get("prefill_bytes"), "bytes/call/chip"),
                 f"  reshard    >= {f('reshard_s', '.1f', 1e3)} ms (HBM traffic only)"]
+        if d := p.get("disaggregated"):
+            b = d["best"]
+            out += [f"  stream, disaggregated (rl.sampler_devices, ada/stream.py), a step of "
+                    f"{d['tokens_per_step']:,.0f} sampled tokens (the budget M x N per prompt at "
+                    "the planned mean response; --run for a run's):",
+                    f"    colocated, synchronous: >= {d['colocated_step_s']:.2f} s/step "
+                    f"(sampling {d['sample_chip_s']:,.0f} + training {d['train_chip_s']:,.0f} "
+                    f"chip-seconds over {p['devices']} chips; balanced at "
+                    f"{d['balanced_sampler_share']:.0%} of the chips sampling)"]
+            for sp in d["splits"]:
+                out.append(
+                    f"    {sp['sampler_chips_per_host']} of {p['chips_per_host']} chips per "
+                    f"host sample: >= {sp['step_s']:.2f} s/step (sampler {sp['sample_s']:.2f}"
+                    f" s, trainer {sp['train_s']:.2f} s on {sp['trainer_chips']} chips); "
+                    f"GiB/chip trainer {gib(sp['trainer_peak_bytes'])} (scaled), sampler "
+                    f"{gib(sp['sampler_peak_bytes'])}" + ("" if sp["fits"] else
+                                                          "  DOES NOT FIT")
+                    + ("  <- best" if sp is b else ""))
+            if b:
+                out.append(f"    best: {b['step_s'] / d['colocated_step_s']:.2f}x the colocated "
+                           "bound (a roofline cannot see the drain the stream removes)")
         if explain_top:
             for what, fig in (("decode step", dict(ops=e.get("decode_ops") or [])),
                               ("prefill", p["phases"]["prefill"])):

@@ -71,10 +71,13 @@ def minibatch_row_order(P: int, n: int, mini_batches: int) -> np.ndarray:
 
 
 def build_train_batch(collected: Collected, advantages_PxN, layout: BatchLayout,
-                      lengths=None) -> dict[str, np.ndarray]:
+                      lengths=None, version: int | None = None) -> dict[str, np.ndarray]:
     """[P, n] selected responses -> a [P*n, T] batch (prompt left-padded, response right),
     rows in `minibatch_row_order`, cut to `layout.fit(*lengths)` (default: the batch's own
-    `longest`). Invalid group slots keep the prompt, no response tokens and advantage 0."""
+    `longest`). Invalid group slots keep the prompt, no response tokens and advantage 0.
+    With `version` (the policy version that trains on it) the batch also holds behav_logp
+    (the sampler's log-prob of each response token) and lag (version minus the version
+    that sampled it)."""
     layout = layout.fit(*(longest(collected) if lengths is None else lengths))
     P, n = collected.group_valid.shape
     Tp, Tr = layout.prompt_len, layout.response_len
@@ -83,6 +86,8 @@ def build_train_batch(collected: Collected, advantages_PxN, layout: BatchLayout,
     mask = np.zeros((B, Tp + Tr), bool)
     rmask = np.zeros((B, Tp + Tr), np.float32)
     adv = np.zeros((B,), np.float32)
+    behav = np.zeros((B, Tp + Tr), np.float32)
+    lag = np.zeros((B, Tp + Tr), np.int32)
     for p in range(P):
         prompt = collected.prompts[p]["prompt_tokens"]
         if len(prompt) > Tp:
@@ -102,10 +107,15 @@ def build_train_batch(collected: Collected, advantages_PxN, layout: BatchLayout,
             mask[b, Tp: Tp + len(resp)] = True
             rmask[b, Tp: Tp + len(resp)] = 1.0
             adv[b] = advantages_PxN[p, j]
+            if version is not None:
+                behav[b, Tp: Tp + len(resp)] = c.logprobs[:Tr]
+                lag[b, Tp: Tp + len(resp)] = version - np.asarray(c.versions[:Tr])
     positions = np.asarray(positions_from_mask(mask)).astype(np.int32)
     order = minibatch_row_order(P, n, layout.mini_batches)
     batch = {"tokens": tokens, "positions": positions, "mask": mask, "response_mask": rmask,
              "advantages": adv}
+    if version is not None:
+        batch.update(behav_logp=behav, lag=lag)
     return {k: v[order] for k, v in batch.items()}
 
 

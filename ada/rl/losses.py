@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+STALE_OBJECTIVES = ("decoupled", "naive")
 LOG_RATIO_CLAMP = 20.0  # as verl: keeps exp() finite for wildly off-policy tokens
 K3_CLAMP = 10.0  # as verl's low_var_kl
 
@@ -41,6 +42,12 @@ class LossConfig:
     entropy_coef: float = 1e-4
     kl_coef: float = 0.0  # > 0 needs ref_logp in the batch
     kl_estimator: str = "k3"  # one of KL_ESTIMATORS
+    # Tokens sampled by an older policy (a stream with rl.max_staleness > 0, ada/stream.py):
+    # "decoupled" clips the ratio against the proximal policy (the weights before this
+    # update) and weighs each stale token by proximal / behaviour, capped at is_weight_cap;
+    # "naive" takes the behaviour log-probs as PPO's old log-probs (`is_weights`).
+    stale_objective: str = "decoupled"
+    is_weight_cap: float = 2.0
 
     def __post_init__(self):
         problems = []
@@ -56,6 +63,12 @@ class LossConfig:
             problems.append(f"kl_coef={self.kl_coef} must be >= 0 (0 disables the KL term)")
         if self.kl_estimator not in KL_ESTIMATORS:
             problems.append(f"kl_estimator={self.kl_estimator!r} is not one of {KL_ESTIMATORS}")
+        if self.stale_objective not in STALE_OBJECTIVES:
+            problems.append(f"stale_objective={self.stale_objective!r} is not one of "
+                            f"{STALE_OBJECTIVES}")
+        if not self.is_weight_cap >= 1:
+            problems.append(f"is_weight_cap={self.is_weight_cap} must be >= 1 (the weight of "
+                            "a token the proximal policy likes more than the sampler did)")
         if problems:
             raise ValueError("invalid LossConfig: " + "; ".join(problems))
 
@@ -108,6 +121,24 @@ def ppo_clip_terms(logp_BxT, old_logp_BxT, adv_BxT, config: LossConfig) -> dict[
             "clipped": clipped, "dual_clipped": dual_clipped}
 
 
+def is_weights(proximal_logp_BxT, behav_logp_BxT, lag_BxT, cap: float) -> dict[str, jax.Array]:
+    """Decoupled PPO's truncated importance weight of each token (AReaL): proximal /
+    behaviour, capped at `cap`, for tokens sampled `lag` > 0 versions ago. A token of the
+    proximal version itself has weight 1 exactly (its behaviour policy is the proximal one;
+    the sampler's and the trainer's numerics may differ, which is not staleness). The
+    log-ratio is clipped before exp(), so no weight overflows; a non-finite one (a behaviour
+    log-prob of -inf or NaN) gives weight 0: that token does not train.
+    Returns weight, truncated (the cap applied) and nonfinite [B, T]."""
+    stale = lag_BxT > 0
+    log_w = jax.lax.stop_gradient(proximal_logp_BxT) - behav_logp_BxT
+    finite = jnp.isfinite(log_w)
+    log_cap = jnp.log(jnp.float32(cap))
+    w = jnp.exp(jnp.minimum(jnp.where(finite, log_w, 0.0), log_cap))
+    return {"weight": jnp.where(stale, jnp.where(finite, w, 0.0), 1.0),
+            "truncated": stale & finite & (log_w > log_cap),
+            "nonfinite": stale & ~finite}
+
+
 def kl_penalty(logp_BxT, ref_logp_BxT, estimator: str) -> jax.Array:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1/k2/k3)."""
     log_r = logp_BxT - ref_logp_BxT
@@ -145,8 +176,14 @@ def policy_loss(
     entropy_BxT: jax.Array | None = None,
     ref_logp_BxT: jax.Array | None = None,
     denoms: dict[str, jax.Array] | None = None,
+    is_weight: dict[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """PPO-clip loss + KL - entropy bonus, and metrics, over one (micro-)batch.
+
+    `is_weight` (`is_weights`): under the decoupled objective each token's clipped term is
+    multiplied by its weight; either way metrics then also hold is_weight_mean (over
+    response tokens, 1 for fresh ones), is_weight_truncated_share and
+    is_weight_nonfinite_share (under "naive", what the decoupled weights would have been).
 
     `denoms` are the enclosing mini-batch's `denominators`; with them every returned value
     (loss and metrics alike) is this micro-batch's additive share of the mini-batch value.
@@ -167,7 +204,8 @@ def policy_loss(
 
     adv_BxT = jnp.broadcast_to(advantages_B.astype(jnp.float32)[:, None], mask.shape)
     terms = ppo_clip_terms(logp_BxT, old_logp_BxT, adv_BxT, c)
-    pg_loss = agg(terms["loss"])
+    weigh = is_weight is not None and c.stale_objective == "decoupled"
+    pg_loss = agg(is_weight["weight"] * terms["loss"] if weigh else terms["loss"])
     loss = pg_loss
     metrics = {
         "pg_loss": pg_loss,
@@ -176,6 +214,11 @@ def policy_loss(
         "dual_clip_frac": token_mean(terms["dual_clipped"].astype(jnp.float32)),
         "ratio_mean": token_mean(terms["ratio"]),
     }
+    if is_weight is not None:
+        metrics.update(
+            is_weight_mean=token_mean(is_weight["weight"]),
+            is_weight_truncated_share=token_mean(is_weight["truncated"].astype(jnp.float32)),
+            is_weight_nonfinite_share=token_mean(is_weight["nonfinite"].astype(jnp.float32)))
     if entropy_BxT is not None:
         metrics["entropy"] = token_mean(entropy_BxT)
         if c.entropy_coef:

@@ -12,6 +12,10 @@ Batch format (a dict of arrays; one row per selected response, B = P prompts x n
                                 may be absent when on-policy (1 epoch, 1 mini-batch)
   ref_logp       [B, T] float   log-probs under frozen reference params, filled by the same
                                 `add_logps` call; needed when loss.kl_coef > 0
+  behav_logp     [B, T] float   a stream's (rl.max_staleness > 0, ada/stream.py): the
+  lag            [B, T] int     sampler's log-prob of each response token, and how many
+                                policy versions before this update's it was sampled; with
+                                them the loss is loss.stale_objective's (losses.is_weights)
 
 Alignment convention: every [B, T] array is indexed by the position of the token it is
 about. logp[b, t] = log pi(tokens[b, t] | tokens[b, :t]), computed from the hidden state at
@@ -45,14 +49,14 @@ from jax.sharding import PartitionSpec as P
 
 from ada import sharding as shd
 from ada.models.transformer import ModelConfig, forward, param_shapes, project_logits
-from ada.rl.losses import LossConfig, denominators, logp_and_entropy, policy_loss
+from ada.rl.losses import LossConfig, denominators, is_weights, logp_and_entropy, policy_loss
 from ada.rl.optimizer import OptimConfig, all_finite, guarded_update, lr_schedule, make_optimizer
 
 REQUIRED_KEYS = ("tokens", "positions", "mask", "response_mask", "advantages")
-OPTIONAL_KEYS = ("old_logp", "ref_logp")
+OPTIONAL_KEYS = ("old_logp", "ref_logp", "behav_logp", "lag")
 BATCH_DTYPES = dict(tokens=jnp.int32, positions=jnp.int32, mask=jnp.bool_,
                     response_mask=jnp.float32, advantages=jnp.float32, old_logp=jnp.float32,
-                    ref_logp=jnp.float32)
+                    ref_logp=jnp.float32, behav_logp=jnp.float32, lag=jnp.int32)
 
 
 def split_problem(prompts: int, n: int, mini_batches: int, micro_batches: int) -> str | None:
@@ -222,9 +226,17 @@ def loss_fn(params, micro, denoms, model_cfg: ModelConfig, config: TrainConfig, 
     logp, entropy = token_logp(params, model_cfg, micro, chunk=config.logit_chunk,
                                remat=config.remat, mesh=mesh, temperature=config.temperature,
                                unroll=config.unroll(model_cfg))
+    # the proximal policy's log-probs: the weights this update starts from
     old = jax.lax.stop_gradient(logp) if config.on_policy else micro["old_logp"]
+    weight = None
+    if "lag" in micro:  # tokens of older policies (a stream)
+        weight = is_weights(old, micro["behav_logp"], micro["lag"], config.loss.is_weight_cap)
+        if config.loss.stale_objective == "naive":  # the sampler's log-probs as PPO's old
+            usable = (micro["lag"] > 0) & jnp.isfinite(micro["behav_logp"])
+            old = jnp.where(usable, micro["behav_logp"], old)
     return policy_loss(logp, old, micro["advantages"], micro["response_mask"], config.loss,
-                       entropy_BxT=entropy, ref_logp_BxT=micro.get("ref_logp"), denoms=denoms)
+                       entropy_BxT=entropy, ref_logp_BxT=micro.get("ref_logp"), denoms=denoms,
+                       is_weight=weight)
 
 
 def minibatch_grads(params, mini, model_cfg: ModelConfig, config: TrainConfig, mesh=None,

@@ -70,5 +70,8 @@ class SlotBackend(Protocol):
     def compact(self) -> None:
         """With the queue empty: move running requests so the next chunk is cheaper."""
 
+    def forget_prefixes(self) -> None:
+        """New weights: drop every cached prompt prefill (running requests keep theirs)."""
+
     def stats(self) -> dict:
         """The backend's own counters (merged into Driver.stats)."""

@@ -9,6 +9,7 @@ import collections
 from typing import TYPE_CHECKING
 
 import jax
+import numpy as np
 
 from ada.sampling.slots import Prefix, bucket_for
 
@@ -30,6 +31,10 @@ class DenseSlots:
 
     def release(self, slot: int) -> None:
         pass
+
+    def forget_prefixes(self) -> None:
+        """New weights (Driver.set_params): no later request starts from an old prefill."""
+        self._prefixes.clear()
 
     def _prefix_for(self, request: Request):
         key = (request.prompt_id, tuple(request.prompt_tokens))
@@ -75,17 +80,19 @@ class DenseSlots:
                 for row, key in enumerate(part):
                     self._remember(key, prefix, row)
                     found[key] = (prefix, row)
-        # One insert call per prefix (prefill call) for all its requests.
-        by_prefix: dict[int, tuple[Prefix, list]] = {}
+        # One insert call per prefix (prefill call) and step key for all its requests.
+        by_prefix: dict[tuple, tuple[Prefix, object, list]] = {}
         for slot, seq, r in take:
             prefix, row = found[(r.prompt_id, tuple(r.prompt_tokens))]
-            by_prefix.setdefault(id(prefix), (prefix, []))[1].append(
+            step_key = d.key_of(r)
+            group = (id(prefix), np.asarray(step_key).tobytes())
+            by_prefix.setdefault(group, (prefix, step_key, []))[2].append(
                 (slot, row, r.prompt_id, r.sample_idx, d.max_new(r)))
             d.start(slot, seq, r, prefix.cache.max_len)
-        for prefix, entries in by_prefix.values():
+        for prefix, step_key, entries in by_prefix.values():
             slots, rows, pids, sidxs, mnts = zip(*entries, strict=True)
             self.state = self.engine.insert_many(prefix, self.state, slots, rows,
-                                                 d.step_key, pids, sidxs, mnts)
+                                                 step_key, pids, sidxs, mnts)
 
     def run_chunk(self):
         """One chunk over the first b slots: host (tokens, logprobs, valid, active)."""

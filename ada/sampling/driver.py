@@ -60,6 +60,9 @@ class Request:
     prompt_id: int
     sample_idx: int = 0
     max_new_tokens: int | None = None  # None: the engine's cap
+    # the key it draws with, request_key(step_key, prompt_id, sample_idx); None: the
+    # driver's. A stream's driver runs several steps' prompts at once, each with its own.
+    step_key: Any = None
 
 
 @dataclasses.dataclass
@@ -73,6 +76,9 @@ class Completion:
     prompt_tokens: list[int]
     error: str | None = None
     seq: int = -1  # submission number, from Driver.submit
+    # the policy version (Driver.version: updates applied) each token was sampled under; a
+    # response that spans a weight update (ada/stream.py) has two
+    versions: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def length(self) -> int:
@@ -86,6 +92,7 @@ class _Slot:
     prompt_bucket: int  # cache positions its prompt fills; generated tokens follow
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
 
 
 class Driver:
@@ -100,6 +107,7 @@ class Driver:
       tokenizer: anything with `decode(ids) -> str`; None gives empty texts.
       step_key: the PRNG key of this sampling step (or an int seed).
       prefix_cache_size: prompts whose prefill is kept for reuse.
+      version: the policy version of `params` (updates applied), recorded with each token.
 
     The queue, the slots' requests and tokens, completions and counters are the driver's;
     the device state and how requests enter and leave it are its backend's
@@ -109,9 +117,10 @@ class Driver:
     """
 
     def __init__(self, engine: DecodeEngine, params, *, tokenizer: Detokenizer | None = None,
-                 step_key: Any = 0, prefix_cache_size: int = 64):
+                 step_key: Any = 0, prefix_cache_size: int = 64, version: int = 0):
         self.engine = engine
         self.params = engine.prepare_params(params)
+        self.version = int(version)
         self.tokenizer = tokenizer
         self.prefix_cache_size = int(prefix_cache_size)
         self.set_step_key(step_key)
@@ -141,6 +150,20 @@ class Driver:
         if isinstance(step_key, int | np.integer):
             step_key = jax.random.PRNGKey(int(step_key))
         self.step_key = step_key
+
+    def set_params(self, params, version: int) -> None:
+        """New weights, between two chunks (ada/stream.py). Running requests continue under
+        them with the cache their earlier tokens wrote (PipelineRL's choice: nothing is
+        recomputed or redrawn; each token records its version). Cached prompt prefills
+        were computed by the old weights and are dropped, so no new request starts from
+        them."""
+        self.params = self.engine.prepare_params(params)
+        self.version = int(version)
+        self.backend.forget_prefixes()
+
+    def key_of(self, request: Request):
+        """The step key `request` draws with."""
+        return self.step_key if request.step_key is None else request.step_key
 
     # -- the API the adaptive scheduler calls -------------------------------------
 
@@ -290,6 +313,7 @@ class Driver:
             keep = valid[slot]
             s.tokens.extend(tokens[slot][keep].tolist())
             s.logprobs.extend(logprobs[slot][keep].tolist())
+            s.versions.extend([self.version] * int(np.sum(keep)))
             if not active[slot]:
                 eos = bool(s.tokens) and s.tokens[-1] in self.engine.eos_ids
                 done.append(self._finish(slot, "eos" if eos else "length"))
@@ -314,4 +338,4 @@ class Driver:
         return Completion(prompt_id=s.request.prompt_id, sample_idx=s.request.sample_idx,
                           token_ids=ids, text=text, logprobs=s.logprobs,
                           finish_reason=reason, prompt_tokens=list(s.request.prompt_tokens),
-                          seq=s.seq)
+                          seq=s.seq, versions=s.versions)

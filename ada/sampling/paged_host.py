@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 
 import jax
+import numpy as np
 
 from ada.sampling.pages import PageAllocator, grow_or_preempt
 from ada.sampling.slots import bucket_for
@@ -153,18 +154,20 @@ class PagedSlots:
                 d.prefilled_tokens += sum(len(k[1]) for k in part)
                 for row, key in enumerate(part):
                     self._prompts[key] = (new[key], logits, row)
-        # One attach call per prefill call (its logits) for all its requests.
-        groups: dict[int, tuple] = {}
+        # One attach call per prefill call (its logits) and step key for all its requests.
+        groups: dict[tuple, tuple] = {}
         for slot, seq, r, key, mnt, copies in starts:
             _, logits, row = self._prompts[key]
             self._prompts.move_to_end(key)
-            g = groups.setdefault(id(logits), (logits, [], []))
-            g[1].extend(copies)
-            g[2].append((slot, row, len(r.prompt_tokens), r.prompt_id, r.sample_idx, mnt))
+            step_key = d.key_of(r)
+            g = groups.setdefault((id(logits), np.asarray(step_key).tobytes()),
+                                  (logits, step_key, [], []))
+            g[2].extend(copies)
+            g[3].append((slot, row, len(r.prompt_tokens), r.prompt_id, r.sample_idx, mnt))
             d.start(slot, seq, r, len(r.prompt_tokens))
-        for logits, copies, entries in groups.values():
+        for logits, step_key, copies, entries in groups.values():
             slots, rows, lengths, pids, sidxs, mnts = zip(*entries, strict=True)
-            self.state = e.attach(self.state, logits, copies, slots, rows, lengths, d.step_key,
+            self.state = e.attach(self.state, logits, copies, slots, rows, lengths, step_key,
                                   pids, sidxs, mnts)
             self.page_copies += len(copies)
         over = len(self._prompts) - d.prefix_cache_size  # after the attaches' copies
@@ -211,6 +214,12 @@ class PagedSlots:
     def release(self, slot: int) -> None:
         self.alloc.free(slot)
         del self._order[slot]
+
+    def forget_prefixes(self) -> None:
+        """New weights (Driver.set_params): every cached prompt is released (a running
+        request keeps the pages it shares), so no later request attaches an old prefill."""
+        for key in list(self._prompts):
+            self._release(key)
 
     def compact(self) -> None:
         """Nothing to compact: a chunk runs every slot, and pages are not slot-major."""

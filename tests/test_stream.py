@@ -1,0 +1,169 @@
+"""The stream (ada/stream.py): at rl.max_staleness = 0 it is the synchronous loop bit for
+bit; above 0 the next steps' prompts sample while a step drains, no trained token lags more
+than k versions, and a killed run resumes with the bound kept, no prompt lost and none
+trained twice."""
+
+import hashlib
+import os
+
+import jax
+import numpy as np
+import pytest
+import sync_loop
+
+from ada import config as C
+from ada.metrics import read_jsonl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(ROOT, "configs", "default.py")
+
+
+def coin_reward(record, text):
+    """1 or 0 by a hash of the prompt and the response: mixed groups, so prompts exit after
+    different rounds and the last rounds of a step leave slots empty."""
+    return float(hashlib.sha256((record["id"] + text).encode()).digest()[0] < 100)
+
+
+def _config(tmp_path, cache, steps, k, **extra):
+    ov = {"data.num_train": "200", "data.num_eval": "0", "data.prompts_per_step": "8",
+          "data.reward": "test_stream:coin_reward", "adaptive.samples_per_round": "4",
+          "adaptive.max_rounds": "3", "sampling.num_slots": "16", "sampling.max_new_tokens": "6",
+          "train.steps": str(steps), "eval.every": "0", "checkpoint.every": "1",
+          "warmstart.enabled": "false", "warmstart.cache_dir": cache,
+          "log.progress": "false", "log.plots": "false", "log.tensorboard": "false",
+          "optim.lr": "1e-2", "optim.warmup_steps": "1", "rl.max_staleness": str(k), **extra}
+    cfg = C.build_config(DEFAULT, list(ov.items()))
+    C.validate(cfg, str(tmp_path))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def _train(cfg, workdir, trained=None, **kw):
+    """Run the loop; `trained` collects the prompt ids of each batch the stream hands out."""
+    from ada import stream
+    from ada.loop import train
+
+    if trained is None:
+        return train(cfg, str(workdir), **kw)
+    original = stream.Stream.next_batch
+
+    def next_batch(self):
+        collected, m = original(self)
+        trained.append((self.version + 1, [p["id"] for p in collected.prompts]))
+        return collected, m
+
+    stream.Stream.next_batch = next_batch
+    try:
+        return train(cfg, str(workdir), **kw)
+    finally:
+        stream.Stream.next_batch = original
+
+
+def _params(workdir):
+    from ada.checkpoint import Checkpointer
+
+    return jax.tree.leaves(Checkpointer(os.path.join(workdir, "checkpoints")).restore_params()[0]["params"])
+
+
+@pytest.mark.parametrize("extra", [{}, {"adaptive.scheduler": "continuous"}])
+def test_staleness_0_is_the_synchronous_loop_bit_for_bit(tmp_path, cache, extra):
+    cfg = _config(tmp_path, cache, 4, 0, **extra)
+    _train(cfg, tmp_path / "stream")
+    rows = read_jsonl(str(tmp_path / "stream" / "metrics.jsonl"))[1:]
+    ref_rows, ref_params = sync_loop.run(cfg, 4)
+    assert len(rows) == len(ref_rows) == 4
+    for row, ref in zip(rows, ref_rows, strict=True):
+        ref = sync_loop.comparable(ref)
+        assert {k: row[k] for k in ref} == ref
+        assert row["staleness_max"] == 0 and row["is_weight_mean"] == 1.0
+    assert any(r["pg_loss"] != 0 for r in ref_rows)  # the steps trained on something
+    assert any(len(r["active_prompts_per_round"]) > 1 for r in ref_rows) or extra
+    got = _params(str(tmp_path / "stream"))
+    want = jax.tree.leaves(ref_params)
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_staleness_bound_and_resume(tmp_path, cache):
+    """k = 2: later steps' prompts sample during a step (tokens lag), never more than 2
+    versions; killed after step 3 and resumed, the run trains every batch of the data
+    order once, in order, and the first batch after the resume is sampled afresh."""
+    k, steps = 2, 6
+    cfg = _config(tmp_path, cache, steps, k)
+    whole, trained = tmp_path / "whole", []
+    _train(cfg, whole, trained)
+    rows = read_jsonl(str(whole / "metrics.jsonl"))[1:]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(r["staleness_max"] <= k and len(r["staleness_hist"]) == k + 1 for r in rows)
+    assert max(r["staleness_max"] for r in rows) >= 1  # the stream did overlap steps
+    assert max(r["cohorts_in_flight"] for r in rows) >= 1
+    for r in rows:
+        assert np.isfinite(r["is_weight_mean"]) and 0 <= r["is_weight_truncated_share"] <= 1
+        assert 0 <= r["sampler_idle_share"] <= 1 and 0 <= r["trainer_idle_share"] <= 1
+    stale = [r for r in rows if r["staleness_max"] > 0]
+    assert all(r["is_weight_mean"] != 1.0 for r in stale)  # the weights were applied
+
+    resumed, trained_b = tmp_path / "resumed", []
+    _train(cfg, resumed, trained_b, stop_after=3)
+    _train(cfg, resumed, trained_b)
+    rows_b = read_jsonl(str(resumed / "metrics.jsonl"))[1:]
+    assert [r["step"] for r in rows_b] == list(range(1, steps + 1))
+    assert trained_b == trained  # every batch once, in the data's order
+    assert all(r["staleness_max"] <= k for r in rows_b)
+    assert rows_b[3]["staleness_max"] == 0  # step 4: drawn again after the resume
+    assert [r["samples_total"] for r in rows_b][:3] == [r["samples_total"] for r in rows][:3]
+
+
+def test_dapo_cannot_stream(tmp_path, cache):
+    with pytest.raises(C.ConfigError, match="rl.max_staleness=1 with method=dapo"):
+        _config(tmp_path, cache, 2, 1, method="dapo")
+
+
+def _two(cmds, env_of):
+    """Run one command per process of a two-process job; their (returncode, stderr)."""
+    import subprocess
+
+    procs = [subprocess.Popen(cmd, env=env_of(i), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i, cmd in enumerate(cmds)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=300))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [(p.returncode, err) for p, (_, err) in zip(procs, outs, strict=True)]
+
+
+def test_staleness_0_is_the_synchronous_loop_in_two_processes(tmp_path):
+    """Two processes (4 CPU devices each, one SPMD update over 8): the runner's stream at
+    k = 0 and the synchronous rl_step loop (tests/sync_loop.py) in the same two-process
+    layout give the same metrics and parameters, bit for bit."""
+    import json
+
+    from test_multihost import _cmd, _data, _env, _free_port
+
+    data, cache = _data(tmp_path), str(tmp_path / "cache")
+    runner = _cmd(data, str(tmp_path / "stream"), cache, **{"sampling.mesh": "(4,1)"})
+    overrides = runner[runner.index("--config") + 2:runner.index("--workdir")]
+    out = str(tmp_path / "sync.json")
+    sync = [runner[0], os.path.join(ROOT, "tests", "sync_loop.py"), out, DEFAULT, *overrides]
+    for cmds in ([runner, runner], [sync, sync]):
+        port = _free_port()
+        results = _two(cmds, lambda i, port=port: _env(
+            4, ADA_COORDINATOR=f"localhost:{port}", ADA_NUM_PROCESSES="2", ADA_PROCESS_ID=str(i)))
+        for code, err in results:
+            assert code == 0, err[-3000:]
+    rows = read_jsonl(str(tmp_path / "stream" / "metrics.jsonl"))[1:]
+    ref = json.load(open(out))
+    assert len(rows) == len(ref) == 2
+    assert max(rows[0]["rounds_per_process"]) > min(rows[0]["rounds_per_process"])
+    for row, want in zip(rows, ref, strict=True):
+        assert {k: row[k] for k in want} == want
+    got = _params(str(tmp_path / "stream"))
+    want = list(np.load(out + ".npz").values())
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
