@@ -21,6 +21,11 @@ the bad state.
 Multi-host: each process collects its own shard of the prompts (ada/rollout.py); metrics
 are summed over processes (ada/step.py) and written by process 0; the update is one SPMD
 train step over the global mesh with the fixed [P, n] batch shape.
+
+Batches come from the stream (ada/stream.py): at rl.max_staleness = 0 each step's batch is
+sampled by the weights of the step before, exactly as `ada.step.rl_step` would; above 0 the
+next steps' prompts sample while a step drains, at most k versions behind. A checkpoint
+holds the data position after the batch it trained; batches in flight are drawn again.
 """
 
 from __future__ import annotations
@@ -321,7 +326,10 @@ def stream_metrics(local: dict, k: int) -> dict:
            "staleness_hist": [int(x) for x in hist],
            "sampler_idle_share": float(worst[1]), "trainer_idle_share": float(worst[2]),
            "queue_depth": int(worst[3]), "cohorts_in_flight": int(worst[4]),
-           "slot_occupancy": float(local["slot_occupancy"])}
+           # this process's: the sampler's work, and what an update caught mid-response
+           "slot_occupancy": float(local["slot_occupancy"]),
+           "spanning_share": float(local["spanning_share"]),
+           "carried_tokens": int(local["carried_tokens"])}
     if not k:
         out.update(is_weight_mean=1.0, is_weight_truncated_share=0.0)
     return out

@@ -189,11 +189,13 @@ class Progress:
     """A tqdm bar over training steps with ETA and a few live numbers; process 0 only:
     acc = the policy's accuracy on the step's prompts (first round), eval = held-out
     accuracy (last eval), zero_var = share of kept groups with no signal, draws/p =
-    responses drawn per prompt. The kept-group reward is left out: under balanced
-    selection it sits near 1/2 whatever the policy does."""
+    responses drawn per prompt, stale = the trained tokens' mean lag in policy versions (a
+    stream, rl.max_staleness > 0; shown once it is not 0). The kept-group reward is left
+    out: under balanced selection it sits near 1/2 whatever the policy does."""
 
     SHORT = {"reward_round0_mean": "acc", "eval_accuracy": "eval",
-             "zero_variance_share": "zero_var", "samples_per_prompt": "draws/p"}
+             "zero_variance_share": "zero_var", "samples_per_prompt": "draws/p",
+             "staleness_mean": "stale"}
 
     def __init__(self, total: int, initial: int = 0, enabled: bool | None = None, desc: str = "train"):
         self.enabled = _is_main() if enabled is None else enabled
@@ -209,7 +211,7 @@ class Progress:
         if self._bar is None:
             return
         for k in self.SHORT:
-            if metrics.get(k) is not None:
+            if metrics.get(k) is not None and (k != "staleness_mean" or metrics[k] or k in self._last):
                 self._last[k] = metrics[k]
         self._bar.set_postfix({self.SHORT[k]: f"{self._last[k]:.3f}" for k in self.SHORT
                                if k in self._last}, refresh=False)

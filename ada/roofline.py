@@ -156,6 +156,8 @@ def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
             "prefill_bytes": "floor" in prefill and bytes_vs_floor(prefill, chip) or None,
             "train_step_s": train_s,
             "train_mfu": train_s and model_flops / (train_s * CHIPS[chip][0]),
+            # the model's own flops at the chip's peak: a looser bound, with no compile
+            "train_step_flops_s": model_flops / CHIPS[chip][0],
             "reshard_s": roofline_s(p["phases"]["reshard"], chip)}
 
 
@@ -163,8 +165,8 @@ def disaggregated(p: dict, tokens_per_step: float, hbm: float | None) -> dict | 
     """The stream's disaggregated layout (ada/stream.py, rl.sampler_devices = N): on each
     host N chips sample and the others train, each role on its own. From the plan's
     estimate, in chip-seconds per step: sampling `tokens_per_step` at the decode bound, and
-    the train step's bound times the chips it ran on; both scale as 1 / chips (data
-    parallel). The synchronous colocated step takes their sum over every chip; the
+    the train step's bound (compiled, else the model's flops at the chip's peak) times the
+    chips it ran on; both scale as 1 / chips (data parallel). The synchronous colocated step takes their sum over every chip; the
     disaggregated one the slower role's, so its best N balances them: the bound is then
     never below the colocated one (the stream's gain is the drain a real synchronous step
     pays, which no roofline sees), and the split costs only its rounding to whole chips.
@@ -173,7 +175,8 @@ def disaggregated(p: dict, tokens_per_step: float, hbm: float | None) -> dict | 
     without the train state beside it. None without the estimate's train and decode
     bounds."""
     e = p.get("estimate") or {}
-    rate, train_s = e.get("decode_tokens_per_s_per_chip"), e.get("train_step_s")
+    rate = e.get("decode_tokens_per_s_per_chip")
+    train_s = e.get("train_step_s") or e.get("train_step_flops_s")
     if not rate or not train_s:
         return None
     chips, hosts, per_host = p["devices"], p["hosts"], p["chips_per_host"]
@@ -195,5 +198,7 @@ def disaggregated(p: dict, tokens_per_step: float, hbm: float | None) -> dict | 
     fitting = [s for s in splits if s["fits"]]
     best = min(fitting or splits, key=lambda s: s["step_s"], default=None)
     return dict(tokens_per_step=tokens_per_step, sample_chip_s=sample_cs, train_chip_s=train_cs,
+                train_from="the compiled train step" if e.get("train_step_s") else
+                "the model's flops at peak (--no-train-estimate)",
                 colocated_step_s=colocated, best=best, splits=splits,
                 balanced_sampler_share=sample_cs / (sample_cs + train_cs))

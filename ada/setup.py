@@ -451,8 +451,8 @@ def build(config) -> Setup:
             log.warning(message)
     model_cfg = model_config_for(c, tokenizer)
     check_context_window(c, model_cfg)
+    mesh = train_mesh(c)  # a bad split of the devices fails before the warm start
     params, warm_info = initial_params(c, model_cfg, tokenizer, task, train_records)
-    mesh = train_mesh(c)
     s, e = c.sampling, c.eval
 
     def rollout(temperature, max_new_tokens):

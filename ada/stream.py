@@ -152,7 +152,8 @@ class Stream:
                 trainer_idle_share=min((now - t0) / wall, 1.0),
                 queue_depth=sum(len(c.prompts) for c in self.cohorts if c.result is not None),
                 cohorts_in_flight=sum(c.result is None for c in self.cohorts),
-                slot_occupancy=done["useful_token_steps"] / max(done["computed_token_steps"], 1))
+                slot_occupancy=done["useful_token_steps"] / max(done["computed_token_steps"], 1),
+                carried_tokens=done["carried_tokens"])
             self._since, self._idle, self._counters = now, 0.0, counters
         head.result.metrics.update(prefilled_prompts=done["prefilled_prompts"],
                                    prefilled_tokens=done["prefilled_tokens"],
@@ -202,15 +203,17 @@ class Stream:
 
     def staleness(self, collected: Collected) -> dict:
         """The trained tokens' lag behind the version that trains them (the kept responses):
-        max, mean and a histogram over lags 0..k."""
-        lags = np.array([self.version - v for row, valid in zip(
-            collected.completions, collected.group_valid, strict=True)
-            for c, ok in zip(row, valid, strict=True) if ok and c is not None
-            for v in c.versions], np.int64)
+        max, mean and a histogram over lags 0..k; and the share of responses that an update
+        caught midway (two versions in one)."""
+        kept = [c for row, valid in zip(collected.completions, collected.group_valid, strict=True)
+                for c, ok in zip(row, valid, strict=True) if ok and c is not None]
+        lags = np.array([self.version - v for c in kept for v in c.versions], np.int64)
         hist = np.bincount(lags, minlength=self.k + 1) if lags.size else np.zeros(self.k + 1)
         return {"staleness_max": int(lags.max()) if lags.size else 0,
                 "staleness_mean": float(lags.mean()) if lags.size else 0.0,
-                "staleness_hist": [int(x) for x in hist]}
+                "staleness_hist": [int(x) for x in hist],
+                "spanning_share": float(np.mean([len(set(c.versions)) > 1 for c in kept]))
+                if kept else 0.0}
 
     # -- the sampler's side ------------------------------------------------------------
 
@@ -294,4 +297,5 @@ class Stream:
     def _driver_counters(self) -> dict:
         s = self.driver.stats()
         return {k: s.get(k, 0) for k in ("prefilled_prompts", "prefilled_tokens", "page_copies",
-                                          "useful_token_steps", "computed_token_steps")}
+                                          "useful_token_steps", "computed_token_steps",
+                                          "carried_tokens")}

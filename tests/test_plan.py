@@ -350,3 +350,6 @@ def test_disaggregated_split_balances_the_roles_by_brute_force():
     assert d["best"] is min(fitting, key=lambda sp: sp["step_s"])
     assert d["best"]["sampler_chips_per_host"] == 2  # 3 would not fit the trainer (24 GiB)
     assert roofline.disaggregated(dict(p, estimate={}), tokens, None) is None
+    assert "compiled" in d["train_from"]
+    loose = dict(p, estimate={"decode_tokens_per_s_per_chip": 2000.0, "train_step_flops_s": 1.5})
+    assert "flops" in roofline.disaggregated(loose, tokens, None)["train_from"]

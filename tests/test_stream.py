@@ -103,6 +103,7 @@ def test_staleness_bound_and_resume(tmp_path, cache):
     for r in rows:
         assert np.isfinite(r["is_weight_mean"]) and 0 <= r["is_weight_truncated_share"] <= 1
         assert 0 <= r["sampler_idle_share"] <= 1 and 0 <= r["trainer_idle_share"] <= 1
+        assert 0 <= r["spanning_share"] <= 1 and r["carried_tokens"] >= 0
     stale = [r for r in rows if r["staleness_max"] > 0]
     assert all(r["is_weight_mean"] != 1.0 for r in stale)  # the weights were applied
 
@@ -167,3 +168,67 @@ def test_staleness_0_is_the_synchronous_loop_in_two_processes(tmp_path):
     got = _params(str(tmp_path / "stream"))
     want = list(np.load(out + ".npz").values())
     assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_a_sampler_on_devices_of_its_own(tmp_path, cache):
+    """rl.sampler_devices=1: the last device samples on its own thread, the first trains.
+    At k = 0 that is still the synchronous loop, bit for bit; at k = 2 the bound holds and
+    every batch trains once, in order, however the threads interleave."""
+    k0 = _config(tmp_path, cache, 3, 0, **{"rl.sampler_devices": "1"})
+    _train(k0, tmp_path / "k0")
+    ref_rows, ref_params = sync_loop.run(_config(tmp_path, cache, 3, 0), 3)
+    rows = read_jsonl(str(tmp_path / "k0" / "metrics.jsonl"))[1:]
+    for row, ref in zip(rows, ref_rows, strict=True):
+        ref = sync_loop.comparable(ref)
+        assert {k: row[k] for k in ref} == ref
+    got, want = _params(str(tmp_path / "k0")), jax.tree.leaves(ref_params)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+    trained = []
+    _train(_config(tmp_path, cache, 5, 2, **{"rl.sampler_devices": "1"}), tmp_path / "k2", trained)
+    rows = read_jsonl(str(tmp_path / "k2" / "metrics.jsonl"))[1:]
+    assert [s for s, _ in trained] == list(range(1, 6))
+    assert all(r["staleness_max"] <= 2 and 0 <= r["sampler_idle_share"] <= 1 for r in rows)
+
+
+def test_a_sampler_needs_a_device_to_spare(tmp_path, cache):
+    from ada.loop import train
+
+    cfg = _config(tmp_path, cache, 1, 0, **{"rl.sampler_devices": "8"})
+    with pytest.raises(C.ConfigError, match="rl.sampler_devices=8 leaves no device to train on"):
+        train(cfg, str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_new_weights_between_chunks(paged):
+    """Driver.set_params: a running request goes on, its tokens recording both versions and
+    its carried tokens counted; no later request starts from a prompt prefilled by the old
+    weights, on either cache (its tokens equal a fresh driver's under the new weights, drawn
+    with the request's own step key)."""
+    from test_paged import random_params
+
+    from ada.models import preset
+    from ada.sampling.driver import Driver, Request
+    from ada.sampling.engine import Engine
+    from ada.sampling.paged import PagedEngine
+
+    c = preset("tiny", family="llama")
+    old, new = random_params(c, seed=1), random_params(c, seed=2)
+    kw = dict(num_slots=2, max_prompt_len=16, max_new_tokens=12, chunk_size=4, eos_ids=())
+    engine = PagedEngine(c, page_size=4, **kw) if paged else Engine(c, **kw)
+    prompt = list(range(3, 12))
+    key = jax.random.key_data(jax.random.PRNGKey(7))
+    drv = Driver(engine, old, step_key=0)
+    drv.submit(Request(prompt, prompt_id=1, sample_idx=0, step_key=key))
+    assert drv.step() == []  # one chunk of 4 under version 0
+    drv.set_params(new, 1)
+    assert drv.carried_tokens == 4
+    (done,) = [x for _ in range(3) for x in drv.step()]
+    assert done.versions == [0] * 4 + [1] * 8 and len(done.token_ids) == 12
+    before = drv.prefilled_prompts
+    drv.submit(Request(prompt, prompt_id=1, sample_idx=1, step_key=key))
+    (again,) = [x for _ in range(3) for x in drv.step()]
+    assert drv.prefilled_prompts == before + 1  # prefilled again, by the new weights
+    fresh = Driver(engine, new, step_key=key).generate_all(
+        [Request(prompt, prompt_id=1, sample_idx=1)])[0]
+    assert again.token_ids == fresh.token_ids and again.versions == [1] * 12

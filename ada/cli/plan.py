@@ -213,8 +213,8 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                     "the planned mean response; --run for a run's):",
                     f"    colocated, synchronous: >= {d['colocated_step_s']:.2f} s/step "
                     f"(sampling {d['sample_chip_s']:,.0f} + training {d['train_chip_s']:,.0f} "
-                    f"chip-seconds over {p['devices']} chips; balanced at "
-                    f"{d['balanced_sampler_share']:.0%} of the chips sampling)"]
+                    f"chip-seconds over {p['devices']} chips, training from {d['train_from']}; "
+                    f"balanced at {d['balanced_sampler_share']:.0%} of the chips sampling)"]
             for sp in d["splits"]:
                 out.append(
                     f"    {sp['sampler_chips_per_host']} of {p['chips_per_host']} chips per "

@@ -137,6 +137,7 @@ class Driver:
         self.prefills = 0
         self.prefilled_prompts = 0
         self.prefilled_tokens = 0
+        self.carried_tokens = 0  # tokens of running requests at a weight change (set_params)
         self.kept_prompts: frozenset[int] = frozenset()
         self.backend: SlotBackend = engine.driver_backend(self)
 
@@ -160,6 +161,9 @@ class Driver:
         self.params = self.engine.prepare_params(params)
         self.version = int(version)
         self.backend.forget_prefixes()
+        # what aborting the running requests would discard (redrawing them), and what
+        # recomputing their caches would prefill again: their tokens so far
+        self.carried_tokens += sum(len(s.tokens) for s in self._slots.values())
 
     def key_of(self, request: Request):
         """The step key `request` draws with."""
@@ -239,6 +243,7 @@ class Driver:
             "prefill_calls": self.prefills,
             "prefilled_prompts": self.prefilled_prompts,
             "prefilled_tokens": self.prefilled_tokens,
+            "carried_tokens": self.carried_tokens,
             "compiles": self.engine.compiles(),
             **self.backend.stats(),
         }
