@@ -162,18 +162,20 @@ def estimate(p: dict, model_cfg, chip: str, decode: dict) -> dict:
 
 
 def disaggregated(p: dict, tokens_per_step: float, hbm: float | None) -> dict | None:
-    """The stream's disaggregated layout (ada/stream.py, rl.sampler_devices = N): on each
-    host N chips sample and the others train, each role on its own. From the plan's
+    """The stream's disaggregated layout (ada/stream.py): some chips sample, the others
+    train, each role on its own. Two kinds of split: N chips of every host sample
+    (rl.sampler_devices = N, what ada runs today, in one process), or whole hosts sample and
+    the others train (planned only: a multi-process split is not built). From the plan's
     estimate, in chip-seconds per step: sampling `tokens_per_step` at the decode bound, and
     the train step's bound (compiled, else the model's flops at the chip's peak) times the
-    chips it ran on; both scale as 1 / chips (data parallel). The synchronous colocated step takes their sum over every chip; the
-    disaggregated one the slower role's, so its best N balances them: the bound is then
-    never below the colocated one (the stream's gain is the drain a real synchronous step
-    pays, which no roofline sees), and the split costs only its rounding to whole chips.
-    Memory per role is scaled from the compiled figures, not compiled: the train step's
-    peak over the trainer chips (its state and batch split over fewer), generate's peak
-    without the train state beside it. None without the estimate's train and decode
-    bounds."""
+    chips it ran on; both scale as 1 / chips (data parallel). The synchronous colocated step
+    takes their sum over every chip; a split one the slower role's, so the best split
+    balances them: the bound is then never below the colocated one (the stream's gain is
+    the drain a real synchronous step pays, which no roofline sees), and the split costs its
+    rounding to whole chips or hosts. Memory per role is scaled from the compiled figures,
+    not compiled: the train step's peak over the trainer chips (its state and batch split
+    over fewer), generate's peak without the train state beside it. None without the
+    estimate's train and decode bounds."""
     e = p.get("estimate") or {}
     rate = e.get("decode_tokens_per_s_per_chip")
     train_s = e.get("train_step_s") or e.get("train_step_flops_s")
@@ -184,21 +186,24 @@ def disaggregated(p: dict, tokens_per_step: float, hbm: float | None) -> dict | 
     reshard = e.get("reshard_s") or 0.0
     tensor = p["sampling_mesh"]["tensor"]
     ph = p["phases"]
+    train_peak = ph["train"]["peak_bytes"] * chips
+    candidates = [("chips per host", n, n * hosts) for n in range(tensor, per_host, tensor)]
+    candidates += [("hosts", h, h * per_host) for h in range(1, hosts)]
     splits = []
-    for n in range(tensor, per_host, tensor):  # a whole sampling tensor group per host
-        trainers = (per_host - n) * hosts
-        train_peak = ph["train"]["peak_bytes"] * chips / trainers
-        sampler_peak = ph["generate"]["peak_bytes"]
-        s, t = sample_cs / (n * hosts), train_cs / trainers
-        splits.append(dict(sampler_chips_per_host=n, trainer_chips=trainers,
+    for kind, n, samplers in candidates:
+        trainers = chips - samplers
+        s, t = sample_cs / samplers, train_cs / trainers
+        splits.append(dict(kind=kind, n=n, sampler_chips=samplers, trainer_chips=trainers,
                            sample_s=s, train_s=t, step_s=max(s, t) + reshard,
-                           trainer_peak_bytes=train_peak, sampler_peak_bytes=sampler_peak,
-                           fits=hbm is None or (train_peak <= hbm and sampler_peak <= hbm)))
-    colocated = (sample_cs + train_cs) / chips + reshard
-    fitting = [s for s in splits if s["fits"]]
-    best = min(fitting or splits, key=lambda s: s["step_s"], default=None)
+                           trainer_peak_bytes=train_peak / trainers,
+                           sampler_peak_bytes=ph["generate"]["peak_bytes"],
+                           fits=hbm is None or (train_peak / trainers <= hbm
+                                                and ph["generate"]["peak_bytes"] <= hbm)))
+    fitting = [sp for sp in splits if sp["fits"]]
     return dict(tokens_per_step=tokens_per_step, sample_chip_s=sample_cs, train_chip_s=train_cs,
                 train_from="the compiled train step" if e.get("train_step_s") else
                 "the model's flops at peak (--no-train-estimate)",
-                colocated_step_s=colocated, best=best, splits=splits,
-                balanced_sampler_share=sample_cs / (sample_cs + train_cs))
+                colocated_step_s=(sample_cs + train_cs) / chips + reshard,
+                best=min(fitting, key=lambda sp: sp["step_s"], default=None), splits=splits,
+                balanced_sampler_share=sample_cs / (sample_cs + train_cs),
+                trainer_chips_needed=hbm and math.ceil(train_peak / hbm))

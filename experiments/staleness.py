@@ -137,7 +137,8 @@ def plot(records: dict, path: str) -> None:
         ax.set_ylabel("held-out accuracy (avg@8)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("The default run under rl.max_staleness k (one line per seed)")
+    fig.suptitle("The default run under rl.max_staleness k (one line per seed; the colocated "
+                 "runs ran two at a time, the _split ones alone)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

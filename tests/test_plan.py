@@ -326,9 +326,9 @@ def test_presets_validate_on_their_slice(name):
 
 
 def test_disaggregated_split_balances_the_roles_by_brute_force():
-    """The stream's split: each per-host sampler count's bound is the slower role's time
-    (chip-seconds over its chips), the best is the least that fits, and none beats the
-    colocated bound (sum of chip-seconds over every chip) by a roofline."""
+    """The stream's splits (chips of every host, or whole hosts): each one's bound is the
+    slower role's time (chip-seconds over its chips), the best is the least that fits, and
+    none beats the colocated bound (sum of chip-seconds over every chip) by a roofline."""
     GiB = 2**30
     p = {"devices": 16, "hosts": 4, "chips_per_host": 4, "sampling_mesh": {"data": 2, "tensor": 1},
          "phases": {"train": {"peak_bytes": 6 * GiB}, "generate": {"peak_bytes": 9 * GiB}},
@@ -338,18 +338,23 @@ def test_disaggregated_split_balances_the_roles_by_brute_force():
     d = roofline.disaggregated(p, tokens, hbm=16 * GiB)
     assert d["colocated_step_s"] == pytest.approx((48 + 24) / 16 + 0.01)
     assert d["balanced_sampler_share"] == pytest.approx(48 / 72)
+    assert [(sp["kind"], sp["n"]) for sp in d["splits"]] == [
+        ("chips per host", 1), ("chips per host", 2), ("chips per host", 3),
+        ("hosts", 1), ("hosts", 2), ("hosts", 3)]
     for sp in d["splits"]:
-        n = sp["sampler_chips_per_host"]
-        want = max(48 / (4 * n), 24 / (4 * (4 - n))) + 0.01
-        assert sp["step_s"] == pytest.approx(want)
-        assert sp["trainer_peak_bytes"] == pytest.approx(6 * GiB * 16 / (4 * (4 - n)))
+        samplers = sp["n"] * 4  # 4 hosts, or 4 chips a host
+        want = max(48 / samplers, 24 / (16 - samplers)) + 0.01
+        assert sp["sampler_chips"] == samplers and sp["step_s"] == pytest.approx(want)
+        assert sp["trainer_peak_bytes"] == pytest.approx(6 * GiB * 16 / (16 - samplers))
         assert sp["fits"] == (sp["trainer_peak_bytes"] <= 16 * GiB)
         assert sp["step_s"] >= d["colocated_step_s"] - 1e-9
     fitting = [sp for sp in d["splits"] if sp["fits"]]
-    assert [sp["sampler_chips_per_host"] for sp in d["splits"]] == [1, 2, 3]
     assert d["best"] is min(fitting, key=lambda sp: sp["step_s"])
-    assert d["best"]["sampler_chips_per_host"] == 2  # 3 would not fit the trainer (24 GiB)
-    assert roofline.disaggregated(dict(p, estimate={}), tokens, None) is None
+    assert d["best"]["sampler_chips"] == 8  # 12 would leave the trainer 24 GiB a chip
+    assert d["trainer_chips_needed"] == 6
     assert "compiled" in d["train_from"]
+    tight = roofline.disaggregated(p, tokens, hbm=5 * GiB)  # the trainer needs 20 chips
+    assert tight["best"] is None and tight["trainer_chips_needed"] == 20
+    assert roofline.disaggregated(dict(p, estimate={}), tokens, None) is None
     loose = dict(p, estimate={"decode_tokens_per_s_per_chip": 2000.0, "train_step_flops_s": 1.5})
     assert "flops" in roofline.disaggregated(loose, tokens, None)["train_from"]

@@ -208,25 +208,31 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                 f"  reshard    >= {f('reshard_s', '.1f', 1e3)} ms (HBM traffic only)"]
         if d := p.get("disaggregated"):
             b = d["best"]
-            out += [f"  stream, disaggregated (rl.sampler_devices, ada/stream.py), a step of "
-                    f"{d['tokens_per_step']:,.0f} sampled tokens (the budget M x N per prompt at "
-                    "the planned mean response; --run for a run's):",
+            out += [f"  stream, disaggregated (ada/stream.py), a step of {d['tokens_per_step']:,.0f}"
+                    " sampled tokens (the budget M x N per prompt at the planned mean response;"
+                    " --run for a run's):",
                     f"    colocated, synchronous: >= {d['colocated_step_s']:.2f} s/step "
                     f"(sampling {d['sample_chip_s']:,.0f} + training {d['train_chip_s']:,.0f} "
                     f"chip-seconds over {p['devices']} chips, training from {d['train_from']}; "
                     f"balanced at {d['balanced_sampler_share']:.0%} of the chips sampling)"]
             for sp in d["splits"]:
+                what = (f"{sp['n']} of {p['chips_per_host']} chips per host sample "
+                        "(rl.sampler_devices)" if sp["kind"] == "chips per host" else
+                        f"{sp['n']} of {p['hosts']} hosts sample (planned only)")
                 out.append(
-                    f"    {sp['sampler_chips_per_host']} of {p['chips_per_host']} chips per "
-                    f"host sample: >= {sp['step_s']:.2f} s/step (sampler {sp['sample_s']:.2f}"
-                    f" s, trainer {sp['train_s']:.2f} s on {sp['trainer_chips']} chips); "
-                    f"GiB/chip trainer {gib(sp['trainer_peak_bytes'])} (scaled), sampler "
-                    f"{gib(sp['sampler_peak_bytes'])}" + ("" if sp["fits"] else
-                                                          "  DOES NOT FIT")
-                    + ("  <- best" if sp is b else ""))
+                    f"    {what}: >= {sp['step_s']:.2f} s/step (sampler {sp['sample_s']:.2f} s "
+                    f"on {sp['sampler_chips']} chips, trainer {sp['train_s']:.2f} s on "
+                    f"{sp['trainer_chips']}); GiB/chip trainer {gib(sp['trainer_peak_bytes'])}"
+                    f" (scaled), sampler {gib(sp['sampler_peak_bytes'])}"
+                    + ("" if sp["fits"] else "  DOES NOT FIT") + ("  <- best" if sp is b else ""))
             if b:
                 out.append(f"    best: {b['step_s'] / d['colocated_step_s']:.2f}x the colocated "
                            "bound (a roofline cannot see the drain the stream removes)")
+            else:
+                out.append("    no split of this slice fits" + (
+                    f": the trainer alone needs >= {d['trainer_chips_needed']} chips (its "
+                    "train step's peak, scaled); plan a larger slice" if d["trainer_chips_needed"]
+                    else ""))
         if explain_top:
             for what, fig in (("decode step", dict(ops=e.get("decode_ops") or [])),
                               ("prefill", p["phases"]["prefill"])):
