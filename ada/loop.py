@@ -74,10 +74,11 @@ def state_tree(state: TrainState, rng_data) -> dict:
             "rng": np.asarray(jax.device_get(rng_data))}  # host value, same on every process
 
 
-def evaluate_held_out(s: setup.Setup, params) -> dict:
-    """The run's held-out avg@k / pass@k (eval section), the same draws at every eval."""
+def evaluate_held_out(s: setup.Setup, params, stream: Stream) -> dict:
+    """The run's held-out avg@k / pass@k (eval section), the same draws at every eval, on
+    the stream's sampler (`Stream.sample`: no second copy of the weights)."""
     e = s.config.eval
-    return evaluate_policy(s.eval_rollout, params, s.eval_records, samples=e.samples,
+    return evaluate_policy(stream.sampler(s.eval_rollout), params, s.eval_records, samples=e.samples,
                            pass_k=e.pass_k, threshold=s.config.adaptive.positive_threshold,
                            seed=s.config.seed)
 
@@ -131,9 +132,12 @@ def record_config(config, workdir: str, resume: dict | None, step: int) -> None:
 
 
 def train(config, workdir: str, *, stop_after: int | None = None, force_config: bool = False,
-          preemption: Preemption | None = None) -> dict:
+          preemption: Preemption | None = None, observe=None) -> dict:
     """Run (or resume) training; returns the final summary dict. `preemption` (the command
     line's): stop after the step a signal arrives in, with a checkpoint (summary["stopped"]).
+    `observe(phase, step, stream)`, if given, is called at each phase boundary (init, collect,
+    update, handoff, eval, save): what the chips hold there is what ada.plan's memory
+    ledger says (tests/test_memory.py).
     Raises ConfigError before writing anything when a resume's config is refused."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("absl", "jax", "orbax", "fsspec", "gcsfs"):
@@ -141,7 +145,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, force_config: 
     workdir = str(paths.path(workdir))
     resume = check_resume(config, workdir, force_config)
     try:
-        return _train(config, workdir, resume, stop_after, preemption)
+        return _train(config, workdir, resume, stop_after, preemption, observe)
     except StorageError as e:
         last = complete_steps(paths.join(workdir, "checkpoints"))
         e.resume = f"step {last[-1]}" if last else "the start"
@@ -168,7 +172,8 @@ def prompts_and_layout(c, s: setup.Setup) -> tuple[PromptIterator, BatchLayout]:
     return iterator, layout
 
 
-def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
+def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
+    observe = observe or (lambda phase, step, stream: None)
     main = distributed.is_main()
     tracker = start_tracker(c, workdir) if main and c.log.wandb else None
     t0 = time.perf_counter()
@@ -224,9 +229,11 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
     stream = Stream(s.rollout, state.params, iterator, base_key, max_staleness=k,
                     version=start, last_step=c.train.steps,
                     threaded=c.rl.sampler_devices > 0)
+    observe("init", start, stream)
     hint(saved)
     if not resumed:
-        first = evaluate_held_out(s, state.params) if c.eval.every else {}
+        first = evaluate_held_out(s, state.params, stream) if c.eval.every else {}
+        observe("eval", start, stream)
         writer.write(0, {"warmstart_loss": s.warm_info.get("loss"),
                          "warmstart_cached": s.warm_info.get("cached"),
                          "dropped_prompts": s.dropped_prompts, "setup_s": setup_s, **first})
@@ -248,13 +255,16 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
             _injected_fault(step)
             t0 = time.perf_counter()
             collected, streamed = stream.next_batch()
+            observe("collect", step, stream)
             t1 = time.perf_counter()
             state, m = update_step(state, collected, fns=s.fns, method=c.method, layout=layout,
                                    normalize_std=c.adaptive.normalize_std,
                                    ref_params=ref_params,
                                    update_diagnostics=c.log.update_diagnostics,
                                    version=step - 1 if k else None)
+            observe("update", step, stream)
             stream.set_params(state.params, step)
+            observe("handoff", step, stream)
             m.update(time_collect_s=t1 - t0, time_update_s=time.perf_counter() - t1,
                      **stream_metrics(streamed, k))
             counters = {"samples_total": int(counters["samples_total"] + m["samples"]),
@@ -266,12 +276,14 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
             m["skipped_steps"] = guard["skipped_steps"]
             finite = bool(jax.device_get(_all_finite(state.params)))
             if c.eval.every and finite and (step % c.eval.every == 0 or step == c.train.steps):
-                m.update(evaluate_held_out(s, state.params))
+                m.update(evaluate_held_out(s, state.params, stream))
+                observe("eval", step, stream)
             writer.write(step, m)
             bar.update(m)
             _check_finite(c, step, finite, guard, saved)
             if step % c.checkpoint.every == 0 or step == c.train.steps:
                 saved = save(step)
+                observe("save", step, stream)
             if stop_after is not None and step >= stop_after:
                 break
             stopped = preemption.requested() if preemption else None  # every process: same answer

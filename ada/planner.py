@@ -52,7 +52,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ada import config as cfglib
-from ada import methods, setup
+from ada import memory, methods, setup
 from ada import sharding as shd
 from ada.config import ConfigError
 from ada.hlo_bytes import EXPLAIN_GROUPS, collectives, costings, group_ops, hlo_op_bytes
@@ -401,7 +401,7 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     (`plan_paged`). `log(program)` is called as each program starts compiling (ada.cli.plan's
     progress line). `buckets`: also compile every bucket of the dense and the paged engine and
     count the cache-sized moves between chips in them (ada.sampling.bucket_moves)."""
-    config = copy.deepcopy(config)
+    run_config, config = config, copy.deepcopy(config)
     config.sampling.kv_cache = "dense"
     n, first = len(devices), [d for d in devices if d.process_index == 0]
     m = config.mesh
@@ -416,8 +416,11 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     stacked = rl.abstract_state(model_cfg, rl.TrainConfig()).params
     params = with_shardings(jax.eval_shape(engine._sampling_fn, stacked),
                             engine.param_shardings(stacked))
-    held = device_bytes(rl.abstract_state(model_cfg, tc),  # stays on the chip through the rollout
-                        rl.make_train_fns(model_cfg, tc, train_mesh).state_sharding)
+    resident = memory.run_memory(run_config, model_cfg, train_mesh, sampling_mesh)["resident"]
+    # on the chip through the rollout: the train state (a KL reference beside it) and the
+    # prompts' prefills the sampler keeps (ada/memory.py)
+    held = (resident["train_params"] + resident["optimizer_state"] + resident["reference_params"]
+            + resident["prefix_caches"])
     if hbm:
         check_slots(engine, params, held, hbm)
     rows, seq = (config.data.prompts_per_step * config.adaptive.n,
@@ -442,7 +445,8 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
 
     ph["generate"] = generate_at(engine.num_slots, ops=bool(chip))
     ph["prefill"]["held_bytes"] = ph["generate"]["held_bytes"] = held
-    ph["reshard"]["held_bytes"] = held - ph["train"]["params_bytes"]  # it reads the params
+    ph["reshard"]["held_bytes"] = (held - resident["prefix_caches"]
+                                   - ph["train"]["params_bytes"])  # it reads the params
     if hbm:
         p["max_num_slots"], p["max_num_slots_method"], checked, line = max_slots(
             generate_at, ph["generate"], data, hbm - held)
@@ -452,7 +456,13 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         p["dense"] = dict(max_slots=p["max_num_slots"], cache_bytes_per_chip=int(
             ph["generate"]["arguments_bytes"] - device_bytes(params)))
         p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]
-        p["fits"] = all(fits(f, hbm) for f in ph.values())
+        if run_config.rl.max_staleness > 0 and p["max_num_slots"]:  # the update holds slots
+            p["max_num_slots"] = min(p["max_num_slots"], memory.update_slots(
+                p["max_num_slots"], data, ph, resident, engine, hbm))
+    p["memory"] = memory.plan_memory(run_config, model_cfg, train_mesh, sampling_mesh, ph, engine, hbm)
+    if hbm:
+        p["fits"] = (all(fits(f, hbm) for f in ph.values())
+                     and all(f["fits"] for f in p["memory"]["phases"].values()))
     if buckets:
         paged = setup.make_engine(paged_variant(config), model_cfg, None, sampling_mesh)
         p["buckets"] = cache_sized_moves([engine, paged], params, lambda name: log(

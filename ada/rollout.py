@@ -62,6 +62,7 @@ class Rollout:
                 more = itertools.chain.from_iterable(more_prompts or ())
             out = collector.collect(prompts, jax.random.fold_in(key, 1), more_prompts=more)
         stats = driver.stats()  # what the sampler prefilled and copied for it
+        driver.release()  # its decode state and weights leave the chips now, not at a GC
         out.metrics.update(prefilled_prompts=stats["prefilled_prompts"],
                            prefilled_tokens=stats["prefilled_tokens"],
                            page_copies=stats.get("page_copies", 0))
@@ -76,5 +77,6 @@ class Rollout:
             reqs = [Request(prompt_tokens=r["prompt_tokens"], prompt_id=pid, sample_idx=j)
                     for r, pid in zip(records, prompt_ids, strict=True) for j in range(k)]
             outs = driver.generate_all(reqs)
+            driver.release()
         return [outs[i * k:(i + 1) * k] for i in range(len(records))]
 

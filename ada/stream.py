@@ -43,6 +43,14 @@ Where it runs (rl.sampler_devices):
                     between two chunks. Which version samples which token then depends on
                     timing; at k = 0 it cannot (one cohort at a time).
 The bound is checked against the version the driver holds, never the trainer's newer one.
+
+Memory (colocated; ada/memory.py is the ledger ada.plan reports and tests/test_memory.py holds
+to the live arrays): when a batch is handed out with no cohort left sampling (always at
+k = 0) the driver frees its decode state, prefix caches and weights (`Driver.release`), so
+the update has the chips to itself; the hand-off brings the new weights and the next fill a
+fresh decode state. With cohorts in flight the sampler keeps all three through the update.
+Evaluation samples beside the stream (`sample`): through this driver when it is the same
+engine, else on its own decode state sharing this driver's weights.
 Per step: sampler_idle_share (colocated: the share of the step the trainer held the
 devices; disaggregated: the sampler's waits for the bound), trainer_idle_share (the share
 spent waiting for the batch), queue_depth (groups of later steps already complete).
@@ -62,7 +70,7 @@ import numpy as np
 
 from ada.adaptive.collect import Collected
 from ada.rollout import Rollout
-from ada.sampling.driver import Driver
+from ada.sampling.driver import Driver, Request
 
 
 @dataclasses.dataclass
@@ -94,6 +102,16 @@ class _View:
 
     def keep_prompts(self, prompt_ids) -> None:
         self._stream.keep(self._step, prompt_ids)
+
+
+class _Sampler:
+    """A rollout whose `sample` runs beside the stream (`Stream.sample`)."""
+
+    def __init__(self, stream: Stream, rollout: Rollout):
+        self._stream, self._rollout, self.reward = stream, rollout, rollout.reward
+
+    def sample(self, params, records, k: int, key, prompt_ids) -> list:
+        return self._stream.sample(self._rollout, params, records, k, key, prompt_ids)
 
 
 class Stream:
@@ -158,7 +176,45 @@ class Stream:
         head.result.metrics.update(prefilled_prompts=done["prefilled_prompts"],
                                    prefilled_tokens=done["prefilled_tokens"],
                                    page_copies=done["page_copies"])
+        if self._thread is None and not self.in_flight():
+            self.driver.release()  # the update has the chips to itself (module doc: memory)
         return head.result, metrics
+
+    def in_flight(self) -> bool:
+        """Whether a cohort is still sampling."""
+        return any(c.result is None for c in self.cohorts)
+
+    def sampler(self, rollout: Rollout) -> _Sampler:
+        """`rollout` as `evaluate_policy` uses it, sampling on the stream's chips (`sample`)."""
+        return _Sampler(self, rollout)
+
+    def sample(self, rollout: Rollout, params, records, k: int, key, prompt_ids) -> list:
+        """`rollout.sample` (held-out evaluation) beside the stream: through the stream's
+        own driver when it is the same engine and colocated (cohorts in flight go on
+        sampling meanwhile; a request's tokens depend only on it and its key), else on a
+        driver of `rollout`'s engine that shares the stream's weights (colocated; `params`
+        are the trainer's, the version the driver holds). Either way no second copy of the
+        weights, and a second decode state only for another engine (ada.plan: eval's
+        sampler)."""
+        if self._thread is not None or rollout.engine is not self.driver.engine:
+            if self._thread is None and self.driver.params is not None:
+                params = self.driver.params
+            return rollout.sample(params, records, k, key, prompt_ids)
+        reqs = [Request(prompt_tokens=r["prompt_tokens"], prompt_id=pid, sample_idx=j,
+                        step_key=jax.random.key_data(key))
+                for r, pid in zip(records, prompt_ids, strict=True) for j in range(k)]
+        where = {self.driver.submit(r): i for i, r in enumerate(reqs)}
+        outs: list = [None] * len(reqs)
+        with jax.default_device(self.device):
+            while any(o is None for o in outs):
+                got = self.driver.step()
+                for c in got:
+                    if c.seq in where:
+                        outs[where.pop(c.seq)] = c
+                self._deliver([c for c in got if c.seq in self.owner])
+        if not self.in_flight():
+            self.driver.release(weights=False)
+        return [outs[i * k:(i + 1) * k] for i in range(len(records))]
 
     def _ready(self, step: int) -> bool:
         """Whether the batch of `step` is complete (colocated: admits what the bound allows;
@@ -188,12 +244,15 @@ class Stream:
             self._cv.notify_all()
 
     def close(self) -> None:
-        """Stop the sampler thread (no-op colocated)."""
+        """Stop the sampler thread (threaded) and free the driver's chips: cohorts still in
+        flight are dropped (a resume draws them again)."""
         if self._thread is not None:
             with self._cv:
                 self._closed = True
                 self._cv.notify_all()
             self._thread.join()
+        self.cohorts.clear()
+        self.driver.close()
 
     def data_state(self) -> dict:
         """The data iterator's position after the batches trained so far: the state before

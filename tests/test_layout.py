@@ -10,7 +10,8 @@ inside a function):
   config        config (loads and validates a whole run: reads the method table)
   run           setup (config -> pieces, a saved run -> its policy), step (one RL step),
                 stream (the sampler across steps), meshes (devices per role)
-  loop          loop (the training loop), planner (a config on a TPU slice), roofline
+  loop          loop (the training loop), planner (a config on a TPU slice), roofline,
+                memory (what a run holds per chip, phase by phase)
   commands      ada/cli/: every command line
 
 The `python -m` paths of the commands (ada.runner, ada.evaluate, ...) are one-line shims
@@ -31,7 +32,7 @@ LAYERS = {
     "ada.methods": 2, "ada.rollout": 2, "ada.evaluation": 2,
     "ada.config": 3,
     "ada.setup": 4, "ada.step": 4, "ada.stream": 4, "ada.meshes": 4,
-    "ada.loop": 5, "ada.planner": 5, "ada.roofline": 5,
+    "ada.loop": 5, "ada.planner": 5, "ada.roofline": 5, "ada.memory": 5,
     "ada.cli": 6,
 }
 SHIMS = {"ada.runner": "ada.cli.train", "ada.evaluate": "ada.cli.eval", "ada.serve": "ada.cli.serve",

@@ -144,6 +144,23 @@ def bytes_line(b: dict | None, what: str) -> str:
             f"({b['compiler_vs_floor']:.2f}x); {b['bound']} bind")
 
 
+def memory_lines(mem: dict, hbm: float | None) -> list[str]:
+    """The memory ledger (ada/memory.py): per phase, GiB per chip and what holds it."""
+    gib = lambda b: f"{b / GIB:.2f}"
+    out = [f"memory per chip, phase by phase ({mem['kv_cache']} cache, {mem['attention']} "
+           f"attention; {mem['policy']}):"]
+    for name, ph in mem["phases"].items():
+        parts = ", ".join(f"{k.replace('_', ' ')} {gib(v)}" for k, v in sorted(
+            ph["parts"].items(), key=lambda kv: -kv[1]))
+        verdict = "" if hbm is None else "  fits" if ph["fits"] else "  DOES NOT FIT"
+        out.append(f"  {name:8s} {gib(ph['bytes_per_chip']):>7s}  {parts}{verdict}")
+    out.append(f"  peak: {mem['peak_phase']} ({gib(mem['peak_bytes'])} GiB per chip)"
+               + (f"; paged gather attention carries a dense window per layer "
+                  f"({gib(mem['gather_windows_bytes'])} GiB) through generate"
+                  if mem.get("gather_windows_bytes") else ""))
+    return out
+
+
 def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
     """The plan as text; `explain_top`: and the heaviest op groups of the decode step and the
     prefill (`--explain`)."""
@@ -157,11 +174,13 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                    f"{gib(f.get('outputs_bytes')):>7s} {gib(f.get('temp_bytes')):>7s} "
                    f"{gib(f['peak_bytes']):>7s} {gib(f.get('held_bytes')):>7s}"
                    + ("" if hbm is None else "  fits" if fits(f, hbm) else "  DOES NOT FIT"))
+    if mem := p.get("memory"):
+        out += memory_lines(mem, hbm)
     if p["max_num_slots"] is not None:
         out.append(f"max num_slots: {p['max_num_slots']} ({p['max_num_slots_method']})")
     if pg := p.get("paged"):
-        out.append(f"paged KV cache (sampling.kv_cache=paged, page {pg['page_size']}): "
-                   f"{pg['mean_fill_slots']} slots per host fit at a mean response of "
+        out.append(f"paged KV cache (sampling.kv_cache=paged, page {pg['page_size']}), "
+                   f"counting pages only: {pg['mean_fill_slots']} slots per host fit at a mean response of "
                    f"{pg['mean_response_len']:g} tokens ({pg['mean_from']}), "
                    f"{pg['ratio']:.1f}x the {pg['worst_case_slots']} of the worst case "
                    "(every slot reserving the whole window; pages split over data with the "
@@ -173,7 +192,10 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
                        f"{gib(pg['pool_bytes_per_chip_full_reservation'])} GiB per chip "
                        f"against the dense cache's {gib(dense)} "
                        f"({pg['pool_bytes_per_chip_full_reservation'] / dense:.2f}x)")
-            out.append("  compiled at the mean fill: " + (
+            windows = (" (with gather attention each slot also carries a dense window per "
+                       "layer, which counting pages leaves out)" if pg["attention"] == "gather"
+                       else "")
+            out.append(f"  compiled at the mean fill, the count that holds{windows}: " + (
                 f"{pg['max_slots_at_mean_fill']} slots per host with {pg['mean_fill_num_pages']:,} "
                 f"pages fit (peak {gib(pg['mean_fill_peak_bytes'])} GiB + held), "
                 f"{pg['max_slots_at_mean_fill'] / p['dense']['max_slots']:.1f}x the dense "

@@ -55,7 +55,11 @@ class SlotBackend(Protocol):
     sees the Driver only through `head`, `admit`, `start`, `requeue`, `move`,
     `lowest_free_slot`, `idle_slots` and the read-only `running` and `queued`."""
 
-    state: Any  # the engine's decode state
+    state: Any  # the engine's decode state, made when first read (`LazyState`)
+
+    def drop_state(self) -> None:
+        """Nothing runs: free the decode state (Driver.release); it is made again when next
+        read."""
 
     def fill(self) -> None:
         """Admit queued requests into free slots (prefill what is not cached)."""
@@ -75,3 +79,25 @@ class SlotBackend(Protocol):
 
     def stats(self) -> dict:
         """The backend's own counters (merged into Driver.stats)."""
+
+
+class LazyState:
+    """A backend's decode state, made on first use (`engine.init_decode_state`, born sharded)
+    and freed by `drop_state`: a driver with nothing to run need hold no decode state
+    (Driver.release; the memory policy of ada/stream.py)."""
+
+    engine: DecodeEngine
+    _state: Any = None
+
+    @property
+    def state(self):
+        if self._state is None:
+            self._state = self.engine.init_decode_state()
+        return self._state
+
+    @state.setter
+    def state(self, value) -> None:
+        self._state = value
+
+    def drop_state(self) -> None:
+        self._state = None

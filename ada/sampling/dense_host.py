@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 
+from ada.sampling.contract import LazyState
 from ada.sampling.slots import Prefix, bucket_for
 
 if TYPE_CHECKING:
     from ada.sampling.driver import Driver, Request
 
 
-class DenseSlots:
+class DenseSlots(LazyState):
     """The Driver's device side over the dense Engine: a prefix LRU of prefilled prompts,
     refills by insert_many, chunks on the smallest slot bucket, tail compaction."""
 
     def __init__(self, driver: Driver):
         self.d, self.engine = driver, driver.engine
-        self.state = self.engine.init_decode_state()
         self._prefixes: collections.OrderedDict = collections.OrderedDict()
 
     def stats(self) -> dict:
@@ -44,10 +44,21 @@ class DenseSlots:
         return hit
 
     def _remember(self, key, prefix: Prefix, row: int) -> None:
+        """Keep `key`'s prefill. The LRU is bounded in prefill rows held on the chips, not
+        in prompts: a prefill call's rows share one buffer, so its least recent buffer is
+        dropped whole (every prompt in it) while the buffers hold more than
+        `prefix_cache_size` rows; the newest is always kept. ada.plan's memory ledger
+        counts this bound (ada/memory.py: prefix_bound)."""
         self._prefixes[key] = (prefix, row)
         self._prefixes.move_to_end(key)
-        while len(self._prefixes) > self.d.prefix_cache_size:
-            self._prefixes.popitem(last=False)
+        while True:
+            buffers = {id(p): p for p, _ in self._prefixes.values()}
+            victim = self._prefixes[next(iter(self._prefixes))][0]
+            if (victim is prefix or sum(p.logits.shape[0] for p in buffers.values())
+                    <= self.d.prefix_cache_size):
+                return
+            for k in [k for k, (p, _) in self._prefixes.items() if p is victim]:
+                del self._prefixes[k]
 
     def fill(self) -> None:
         d = self.d

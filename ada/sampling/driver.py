@@ -106,7 +106,8 @@ class Driver:
         prepared copy can serve several drivers.
       tokenizer: anything with `decode(ids) -> str`; None gives empty texts.
       step_key: the PRNG key of this sampling step (or an int seed).
-      prefix_cache_size: prompts whose prefill is kept for reuse.
+      prefix_cache_size: prompts whose prefill is kept for reuse (dense: prefill rows held,
+        a prefill call's rows dropped together; ada/memory.py counts the bound).
       version: the policy version of `params` (updates applied), recorded with each token.
 
     The queue, the slots' requests and tokens, completions and counters are the driver's;
@@ -164,6 +165,25 @@ class Driver:
         # what aborting the running requests would discard (redrawing them), and what
         # recomputing their caches would prefill again: their tokens so far
         self.carried_tokens += sum(len(s.tokens) for s in self._slots.values())
+
+    def release(self, weights: bool = True) -> None:
+        """Free what this driver holds on the chips while nothing runs: its decode state
+        (made again at the next fill), its cached prefills and, with `weights`, its copy of
+        the weights (`set_params` brings new ones). The memory policy of ada/stream.py: an
+        update or an eval then does not sit beside an idle sampler."""
+        if self.busy():
+            raise RuntimeError("Driver.release with requests queued or running")
+        self.backend.forget_prefixes()
+        self.backend.drop_state()
+        if weights:
+            self.params = None
+
+    def close(self) -> None:
+        """Abandon every queued and running request and free the chips (`release`): a run
+        that ends leaves no decode state or weights behind it."""
+        self._queue.clear()
+        self._slots.clear()
+        self.release()
 
     def key_of(self, request: Request):
         """The step key `request` draws with."""

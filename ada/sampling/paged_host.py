@@ -40,11 +40,12 @@ import collections
 import jax
 import numpy as np
 
+from ada.sampling.contract import LazyState
 from ada.sampling.pages import PageAllocator, grow_or_preempt
 from ada.sampling.slots import bucket_for
 
 
-class PagedSlots:
+class PagedSlots(LazyState):
     """Admission, prompt pages, growth and preemption for one Driver (module docstring)."""
 
     def __init__(self, driver):
@@ -52,7 +53,6 @@ class PagedSlots:
         self.engine = e = driver.engine
         self.alloc = PageAllocator(e.num_pages, e.page_size, e.num_slots, e.pages_per_slot,
                                    shards=e.pool_shards, watermark=e.watermark)
-        self.state = e.init_state()
         # (prompt_id, tokens, shard) -> (PromptPages, prefill logits [N, V], row), least
         # recent first
         self._prompts: collections.OrderedDict = collections.OrderedDict()

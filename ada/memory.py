@@ -1,0 +1,215 @@
+"""What a run holds on each chip, phase by phase: the memory ledger `ada.plan` reports
+(`memory` in its JSON) and tests/test_memory.py holds to the live arrays of a real run.
+
+A part is *resident* (an array that lives across a phase boundary: the train state, the
+sampler's weights, its decode state) or *transient* (only while a program runs: a
+program's temporaries, the train batch). Resident parts are exact, from the abstract
+shapes and shardings the run uses (`roofline.device_bytes`); transient parts come from
+the compiled programs (the planner's figures) and are 0 when not compiled. Two parts are
+bounds: the prefix caches (the dense driver's LRU holds at most `PREFIX_CACHE_SIZE`
+prefill rows at the longest prompt bucket; the paged driver keeps prompts in its pool, so
+only their next-token logits) and a save's staging copy (orbax copies the slices a chip
+writes on the chip first; it lives until the write to the host ends, on a pod well within
+the next collection, and is counted in the save phase).
+
+The run's policy (ada/stream.py, `Driver.release`), colocated sampler:
+  - a driver with nothing in flight holds no decode state: it is born at the first fill
+    (sharded, `init_decode_state`) and freed when the last cohort completes and after an
+    eval; with nothing in flight (always at rl.max_staleness = 0) the sampler's weights go
+    too, until the update's hand-off brings the new ones;
+  - with cohorts in flight (k >= 1, while later steps sample) the sampler keeps its
+    weights, decode state and prefix caches through the update;
+  - eval samples through the stream's driver (the same engine) or, with another
+    temperature or length, through a driver of its own engine that shares the stream's
+    weights: a second decode state, never a second copy of the weights;
+  - the KL reference (loss.kl_coef > 0) is a second copy of the train params.
+With rl.sampler_devices = N the sampler's own chips hold its weights and decode state
+through every phase and the trainer's the train state; the ledger is the colocated one.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from ada import setup
+from ada.rl import train as rl
+from ada.roofline import device_bytes, with_shardings
+
+PREFIX_CACHE_SIZE = 64  # the Driver's prefix_cache_size: prefill rows (dense) kept between rounds
+PHASES = ("init", "prefill", "generate", "update", "handoff", "eval", "save")
+# Which resident parts each phase holds, by whether cohorts stay in flight through the
+# update (k >= 1); `None`: every phase holds the train state (and reference).
+_SAMPLER = ("sampler_weights", "decode_state", "prefix_caches")
+_HOLDS = {
+    "init": ("sampler_weights",),
+    "prefill": _SAMPLER,
+    "generate": _SAMPLER,
+    "handoff": ("sampler_weights",),
+    "eval": ("sampler_weights", "decode_state", "eval_decode_state", "prefix_caches"),
+    "save": ("sampler_weights", "checkpoint_staging"),
+}
+_TRANSIENT = {"prefill": ("prefill_temporaries",),
+              "generate": ("generate_temporaries", "gather_windows"),
+              "update": ("train_batch", "update_temporaries"),
+              "handoff": ("handoff_temporaries",),
+              "eval": ("eval_generate_temporaries", "gather_windows")}
+
+
+def temporaries(fig: dict | None, arguments: int) -> int:
+    """A compiled program's bytes beyond its resident `arguments` (its peak less them)."""
+    if not fig or "peak_bytes" not in fig:
+        return 0
+    return max(int(fig["peak_bytes"]) - int(arguments), 0)
+
+
+def prefix_bound(engine, kept: int = 0) -> int:
+    """Bytes per chip the driver's prompt LRU can hold: `PREFIX_CACHE_SIZE` prefill rows at
+    the longest prompt bucket (dense_host: the LRU is bounded in rows; a prefill call larger
+    than that is kept whole), or, paged, only their next-token logits (prompts live in the
+    pool), for the LRU's prompts and the `kept` prompts of the cohorts still sampling."""
+    c, T = engine.config, engine.max_prompt_len
+    shards, tensor = ((engine.mesh.shape["data"], engine.mesh.shape["tensor"])
+                      if engine.mesh is not None else (1, 1))
+    rows = max(PREFIX_CACHE_SIZE, engine.row_buckets[-1])
+    if getattr(engine, "page_size", None):  # rows on their data shard (PagedEngine.prefill)
+        return (rows + kept) * c.vocab_size * 4 // shards
+    # the dense prefill's rows are on every data shard, its KV heads split over tensor
+    kv_shards = tensor if c.num_kv_heads % tensor == 0 else 1
+    kv = (2 * c.num_layers * rows * T * (c.num_kv_heads // kv_shards) * c.head_dim
+          * jax.numpy.dtype(c.dtype).itemsize)
+    return kv + rows * c.vocab_size * 4
+
+
+def decode_state_bytes(engine) -> int:
+    state = jax.eval_shape(engine.init_decode_state)
+    if engine.mesh is None:
+        return device_bytes(state, jax.tree.map(
+            lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), state))
+    return device_bytes(with_shardings(state, engine.state_shardings()))
+
+
+def resident_parts(model_cfg, train_cfg, fns, engine, eval_engine=None, kl: bool = False,
+                   kept_prompts: int = 0) -> dict[str, int]:
+    """Bytes per chip of each resident part (module doc), from abstract shapes."""
+    state = rl.abstract_state(model_cfg, train_cfg)
+    params = device_bytes(state.params, fns.state_sharding.params)
+    stacked = state.params
+    sampler = jax.eval_shape(engine._sampling_fn, stacked)
+    return {
+        "train_params": params,
+        "optimizer_state": device_bytes(state, fns.state_sharding) - params,
+        "reference_params": params if kl else 0,
+        "sampler_weights": device_bytes(sampler, engine.param_shardings(stacked)),
+        "decode_state": decode_state_bytes(engine),
+        "prefix_caches": prefix_bound(engine, kept_prompts),
+        "checkpoint_staging": checkpoint_staging(state, fns.state_sharding),
+        "eval_decode_state": (decode_state_bytes(eval_engine)
+                              if eval_engine is not None and eval_engine is not engine else 0),
+    }
+
+
+def ledger(resident: dict[str, int], transient: dict[str, int], in_flight: bool,
+           hbm: float | None = None) -> dict:
+    """Per phase: the parts it holds (bytes per chip), their resident sum, its peak
+    (`bytes_per_chip`: resident + transient) and the peak phase. `in_flight`: cohorts stay
+    in flight through the update (rl.max_staleness >= 1, module doc)."""
+    own_eval = resident.get("eval_decode_state", 0) > 0
+    holds = dict(_HOLDS, update=_SAMPLER if in_flight else ())
+    if in_flight:
+        for name in ("handoff", "save"):  # the cohorts in flight keep their slots
+            holds[name] += ("decode_state", "prefix_caches")
+        holds["handoff"] += ("old_sampler_weights",)  # swapped between two chunks
+    elif own_eval:
+        holds["eval"] = ("sampler_weights", "eval_decode_state", "prefix_caches")  # the stream's was freed
+    resident = dict(resident, old_sampler_weights=resident["sampler_weights"])
+    phases = {}
+    for name in PHASES:
+        parts = {p: resident.get(p, 0) for p in ("train_params", "optimizer_state",
+                                                 "reference_params") + holds.get(name, ())}
+        parts.update({p: transient.get(p, 0) for p in _TRANSIENT.get(name, ())})
+        parts = {p: int(b) for p, b in parts.items() if b}
+        total = sum(parts.values())
+        phases[name] = dict(bytes_per_chip=total, parts=parts, resident_bytes=total - sum(
+            parts.get(p, 0) for p in _TRANSIENT.get(name, ())))
+        if hbm:
+            phases[name]["fits"] = total <= hbm
+    peak = max(phases, key=lambda n: phases[n]["bytes_per_chip"])
+    return dict(phases=phases, peak_phase=peak, peak_bytes=phases[peak]["bytes_per_chip"],
+                policy="cohorts in flight keep the sampler through the update" if in_flight
+                else "the sampler frees its decode state and weights before the update")
+
+
+def run_memory(config, model_cfg, train_mesh, sampling_mesh, transient: dict | None = None,
+               hbm: float | None = None) -> dict:
+    """The ledger of `config` on these meshes (real or abstract chips), its engines built as
+    the run builds them (setup.build: eval gets its own engine only for another
+    temperature or length)."""
+
+
+    c, e = config, config.eval
+    engine = setup.make_engine(c, model_cfg, None, sampling_mesh)
+    eval_new = e.max_new_tokens or c.sampling.max_new_tokens
+    same = e.temperature == c.sampling.temperature and eval_new == c.sampling.max_new_tokens
+    eval_engine = engine if same else setup.make_engine(
+        c, model_cfg, None, sampling_mesh, temperature=e.temperature, max_new_tokens=eval_new)
+    tc = setup.train_config(c)
+    fns = rl.make_train_fns(model_cfg, tc, train_mesh)
+    kept = (c.rl.max_staleness + 1) * c.data.prompts_per_step // jax.process_count()
+    resident = resident_parts(model_cfg, tc, fns, engine, eval_engine, kl=c.loss.kl_coef > 0,
+                              kept_prompts=kept)
+    out = ledger(resident, transient or {}, in_flight=c.rl.max_staleness > 0, hbm=hbm)
+    return dict(out, resident=resident, kv_cache=c.sampling.kv_cache,
+                attention=getattr(engine, "attention", "dense"))
+
+
+def checkpoint_staging(tree, shardings) -> int:
+    """Bytes per chip an async orbax save copies on the chip before writing to the host: the
+    slices this chip writes. A leaf held by r replicas is split among them along its first
+    axis that r divides (orbax's replica-parallel save), else one replica writes it whole
+    (the fullest chip counts)."""
+    def leaf(x, sh) -> int:
+        shape = sh.shard_shape(x.shape)
+        size = x.dtype.itemsize
+        for d in shape:
+            size *= d
+        r = sh.num_devices // max(1, len({tuple((s.start, s.stop) for s in idx) for idx in
+                                           sh.devices_indices_map(x.shape).values()}))
+        return size // r if r > 1 and any(d % r == 0 for d in shape) else size
+    return int(sum(jax.tree.leaves(jax.tree.map(leaf, tree, shardings))))
+
+
+def plan_memory(config, model_cfg, train_mesh, sampling_mesh, ph: dict, dense, hbm) -> dict:
+    """The run's memory ledger (ada/memory.py) with the compiled programs' temporaries: the
+    train step's, the hand-off's, prefill's and generate's (the dense programs'; a paged
+    gather engine's generate also carries a dense window per layer: `gather_windows`)."""
+    tr, rs, pf, gen = (ph[k] for k in ("train", "reshard", "prefill", "generate"))
+    transient = dict(
+        update_temporaries=temporaries(tr, tr["arguments_bytes"]),
+        train_batch=tr["batch_bytes"],
+        handoff_temporaries=temporaries(rs, rs["arguments_bytes"] + rs.get(
+            "outputs_bytes", 0)),
+        prefill_temporaries=temporaries(pf, pf["arguments_bytes"] + pf.get(
+            "outputs_bytes", 0)),
+        generate_temporaries=temporaries(gen, gen["arguments_bytes"]))
+    transient["eval_generate_temporaries"] = transient["generate_temporaries"]
+    out = run_memory(config, model_cfg, train_mesh, sampling_mesh, transient)
+    if out["attention"] == "gather":
+        windows = device_bytes(with_shardings(jax.eval_shape(dense.init_decode_state),
+                                              dense.state_shardings()).cache)
+        transient.update(gather_windows=windows)
+        out = dict(run_memory(config, model_cfg, train_mesh, sampling_mesh, transient),
+                   gather_windows_bytes=windows)
+    if hbm:
+        out = dict(out, **ledger(out["resident"], transient,
+                                        config.rl.max_staleness > 0, hbm))
+    return out
+
+
+def update_slots(slots: int, data: int, ph: dict, resident: dict, engine, hbm: float) -> int:
+    """With cohorts in flight through the update (rl.max_staleness >= 1) the sampler's
+    weights, decode state and prefix caches sit beside the train step's peak: the most
+    slots (a multiple of `data`) whose decode state still fits then."""
+    per_slot = resident["decode_state"] / engine.num_slots
+    beside = (ph["train"]["peak_bytes"] + resident["reference_params"]
+              + resident["sampler_weights"] + resident["prefix_caches"])
+    return max(int((hbm - beside) / per_slot) // data * data, 0)
