@@ -135,7 +135,7 @@ def host_bytes(spec: str, model: str, topology: str) -> dict:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=16)
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--saves", type=int, default=5, help="saves of the run's state timed")
     p.add_argument("--workdir", default=None, help="default: a fresh temporary folder")
