@@ -234,7 +234,7 @@ def parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--ks", default="0,1,2,4", help="rl.max_staleness values")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES), help="colocated and / or split")
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help="oldest (ada/stream.py's) and head_first (younger cohorts yield)")
     ap.add_argument("--seeds", default="0,1,2")
@@ -260,6 +260,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> dict:
+    from ada.distributed import cpu_only_without_accelerators
+
+    cpu_only_without_accelerators()  # no libtpu start-up noise on a CPU
     args = parser().parse_args(argv)
     runs = [run(args, k=k, mode=mode, policy=policy, seed=seed)
             for mode in args.modes.split(",") for policy in args.policies.split(",")
