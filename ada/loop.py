@@ -209,7 +209,7 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
 
     writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard,
                            resume_step=start if resumed else None, enabled=main, tracker=tracker)
-    bar = Progress(c.train.steps, initial=start, enabled=main and c.log.progress)
+    bar = Progress(c.train.steps, initial=start, enabled=main, bar=c.log.progress, every=c.log.every)
     saved = start if resumed else None
 
     def resume_text(at):

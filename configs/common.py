@@ -96,7 +96,7 @@ def base() -> ml_collections.ConfigDict:
     # The decode KV cache (docs/paged.md): dense reserves prompt + max_new_tokens positions
     # per slot; paged holds pages as responses grow, shares a prompt's pages among its
     # samples, defers and preempts when a bounded pool runs out (same tokens either way).
-    c.sampling.kv_cache = "dense"  # dense | paged (qwen2, qwen3, llama)
+    c.sampling.kv_cache = "dense"  # dense | paged (both for every family: qwen2, qwen3, llama, gemma2, gemma3)
     c.sampling.page_size = 16  # paged: tokens per page
     c.sampling.num_pages = 0  # paged: pages in the pool; 0 = every slot's worst case (never preempts)
     c.sampling.paged_attention = "auto"  # paged: auto (TPU: kernel, else gather) | kernel | gather
@@ -184,6 +184,7 @@ def base() -> ml_collections.ConfigDict:
     c.log = ml_collections.ConfigDict()
     c.log.tensorboard = True  # also write TensorBoard event files
     c.log.progress = True  # a progress bar on stderr
+    c.log.every = 10  # with log.progress=false: a text line on stderr every this many steps (0: none)
     c.log.plots = True  # write PNG plots of metrics.jsonl at the end
     c.log.wandb = False  # also log to Weights & Biases (pip install -e '.[wandb]'; process 0)
     c.log.wandb_project = "ada"  # the W&B project
