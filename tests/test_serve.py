@@ -205,15 +205,39 @@ def test_serves_the_paged_cache(run_dir, tmp_path):
 
 
 def test_serves_an_hf_export_of_the_run(run_dir, tmp_path):
+    """The run's export serves as the run; and transformers, given the export's chat template
+    and greedy decoding, answers as ada-serve does (its Driver: test above). Without the
+    template in the export, apply_chat_template raised; on raw text the model answered
+    something else."""
+    import torch
+    import transformers
+
     from ada.export import export_hf
+    from ada.sampling.driver import Driver, Request
 
     run = _policy(["--workdir", str(run_dir)])  # latest: step 5
     assert "step 5" in run.label
-    export_hf(run.params, run.engine.config, run.tokenizer.tokenizer, tmp_path / "hf")
+    tok, template = run.tokenizer.tokenizer, run.tokenizer.template
+    export_hf(run.params, run.engine.config, tok, tmp_path / "hf", template)
     hf = _policy(["--model", str(tmp_path / "hf")])
     jax.tree.map(np.testing.assert_array_equal, hf.params, run.params)
     text = "What is 1 + 2?"
     assert hf.tokenizer.encode(text) == run.tokenizer.encode(text)
+
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf",
+                                                              dtype=torch.float32)
+    problems = [serve.EXAMPLE_PROBLEM, "What is 5 - 7?", "What is 40 + 87?"]
+    served = Driver(run.engine, run.params, tokenizer=tok).generate_all(
+        [Request(run.tokenizer.encode(p), i, 0, run.engine.max_new_tokens)
+         for i, p in enumerate(problems)])
+    for problem, want in zip(problems, served, strict=True):
+        ids = hf_tok.apply_chat_template([{"role": "user", "content": problem}],
+                                         add_generation_prompt=True, return_tensors="pt")
+        assert ids["input_ids"][0].tolist() == run.tokenizer.encode(problem)
+        out = model.generate(**ids, max_new_tokens=run.engine.max_new_tokens, do_sample=False)
+        got = out[0, ids["input_ids"].shape[1]:].tolist()
+        assert got == want.token_ids, (problem, got, want.token_ids)
 
 
 @pytest.mark.parametrize("case", ["no run", "no model", "no step", "port in use", "no jetstream"])
