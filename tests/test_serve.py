@@ -4,6 +4,7 @@ model; answers checked against the Driver, bad input refused in one line."""
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -159,6 +160,12 @@ def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
         proc.terminate()  # SIGTERM: the server stops its driver and gRPC server, exits 0
         assert proc.wait(timeout=60) == 0, err.read_text()[-3000:]
         assert out.read_text().rstrip().endswith("ada-serve: stopped")
+        # quiet: no TensorFlow start-up lines, no JetStream INFO on the root logger (before:
+        # "Could not find cuda drivers" twice, then ten "root: ..." lines)
+        noise = [ln for ln in err.read_text().splitlines()
+                 if re.search(r"cudart_stub|absl::InitializeLog|^I0000 |"
+                              r" root: (Kicking off|Loaded all weights|Starting server)", ln)]
+        assert not noise, noise
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", help="checkpoint directory (config.json + *.safetensors)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    from ada import quiet
+
+    quiet.quiet_start()
     try:
         info = inspect_checkpoint(args.path)
     except CheckpointError as e:
