@@ -119,3 +119,24 @@ def test_evaluate_help_says_every_default():
     for action in ev.eval_parser()._actions:
         assert action.help, action.dest
         assert action.dest not in with_default or "default" in action.help, action.dest
+
+
+def test_evaluate_takes_the_flag_its_unknown_token_hint_names(run_dir, tmp_path, capsys):
+    """The <unk> warning suggests --config.tokenizer.path; evaluate accepts it (and any
+    --config.a.b override) where it used to stop at 'unrecognized arguments'."""
+    from ada.setup import unknown_tokens_message
+
+    class Tok:
+        unk_id = 0
+        id_to_piece = staticmethod(lambda i: "<unk>")
+
+    hint = unknown_tokens_message("prompts", [{"prompt_tokens": [0, 0, 5]}], Tok())
+    assert "--config.tokenizer.path" in hint
+    (tmp_path / "t.model").write_bytes(b"")
+    overrides, rest = C.parse_override_args(["--workdir", str(run_dir),
+                                             f"--config.tokenizer.path={tmp_path}/t.model"])
+    config = ev.eval_config(ev.eval_parser().parse_args(rest), overrides)
+    assert config.tokenizer.path == f"{tmp_path}/t.model"
+    assert ev.main(["--workdir", str(run_dir), "--config.tokenizer.nope=1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "tokenizer.nope" in err and "unrecognized" not in err
