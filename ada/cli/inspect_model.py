@@ -90,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "or checkpoints/STEP")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    from ada import quiet
+
+    quiet.quiet_start()
     run = run_of(args.path)
     try:
         info = inspect_run(*run) if run else inspect_checkpoint(args.path)
