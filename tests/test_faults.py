@@ -235,12 +235,13 @@ def _child(pid):
     ("handler", 1.0, signal.SIGINT), ("jax", 1.5, signal.SIGINT)])
 def test_a_signal_before_training_is_one_line_and_trains_nothing(tmp_path, env, window, delay,
                                                                  signum):
-    """A terminal's Ctrl-C (to the process group) or a SIGTERM from the first instant ada's
-    handler is in (the interpreter's own start, ~40 ms, comes first), `delay` s after it (at 0
-    and 0.3 s `import jax` has not finished: asserted), and `delay` s after jaxlib is loaded
-    (the config's checks, the set-up): exit 130 / 143, one line, no training and no output
-    directory. It used to be lost in the first ~1.5 s (the run trained to the end, exit 0) or
-    a KeyboardInterrupt traceback."""
+    """A terminal's Ctrl-C (to the process group) or a SIGTERM the instant ada's handler is in
+    (SIGTERM caught; only the interpreter's own start, ~40 ms, comes first; jaxlib not yet
+    loaded: asserted), `delay` s after that, and `delay` s after jaxlib is loaded (the config's
+    checks, the set-up): exit 130 / 143, one line, no training and no output directory. It
+    used to be lost in the first ~1.5 s (the run trained to the end, exit 0) or a
+    KeyboardInterrupt traceback; without the early handler the first window fails (the
+    handler came after `import jax`)."""
     wd = tmp_path / "run"
     proc = subprocess.Popen(command(wd, env), env=env, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
