@@ -169,11 +169,11 @@ def prompts_and_layout(c, s: setup.Setup) -> tuple[PromptIterator, BatchLayout]:
 
 
 def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
+    t_invocation = time.perf_counter()
     main = distributed.is_main()
     tracker = start_tracker(c, workdir) if main and c.log.wandb else None
-    t0 = time.perf_counter()
     s = setup.build(c)
-    setup_s = time.perf_counter() - t0
+    setup_s = time.perf_counter() - t_invocation
 
     iterator, layout = prompts_and_layout(c, s)
     state = s.fns.init_state(s.params)
@@ -187,7 +187,7 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         raise StorageError("checkpoints to", workdir, storage_errno(e)) from None
     ckpt.clean_partial()
     base_key = jax.random.key(c.seed)
-    start, counters = 0, {"samples_total": 0, "prompts_total": 0}
+    start, counters, run_s = 0, {"samples_total": 0, "prompts_total": 0}, 0.0
     guard = {"skipped_steps": 0, "skipped_in_row": 0}
     resumed = ckpt.latest_step() is not None
     if resumed:
@@ -204,6 +204,7 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         iterator.set_state(meta["data"])
         counters = meta.get("sampler", counters)
         guard = meta.get("guard", guard)
+        run_s = meta.get("seconds", run_s)  # the earlier segments' (0: saved before it was kept)
         log.info("resumed from step %d (%s)", start, ckpt.directory)
     record_config(c, workdir, resume, start)
 
@@ -215,9 +216,11 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
     def resume_text(at):
         return f"to resume from step {at} (the latest checkpoint)" if at else "to start again"
 
+    step = start
+
     def hint(at):
         if preemption is not None:  # read when its line is due: a save may complete meanwhile
-            preemption.training(lambda: resume_text(ckpt.latest_step()))
+            preemption.training(lambda: resume_text(ckpt.latest_step()), lambda: step)
         watch.set_resume_hint(f"rerun the same command on every host {resume_text(at)}")
 
     k = c.rl.max_staleness
@@ -236,11 +239,11 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         # the data position after batch `at`: the batches in flight are drawn again on resume
         ckpt.save(at, state_tree(state, jax.random.key_data(base_key)),
                   {"data": stream.data_state(), "sampler": counters, "method": c.method,
-                   "guard": guard})
+                   "guard": guard, "seconds": run_s})
         hint(ckpt.last_complete)  # `at` is written while the next steps run
         return at
 
-    step, t_run = start, time.perf_counter()
+    t_run, run_s0 = time.perf_counter(), run_s
     stopped = preemption.requested() if preemption else None  # e.g. during the first eval
     try:
         while step < c.train.steps and not stopped:
@@ -270,6 +273,7 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
             writer.write(step, m)
             bar.update(m)
             _check_finite(c, step, finite, guard, saved)
+            run_s = run_s0 + time.perf_counter() - t_run  # to this step's end, as it is saved
             if step % c.checkpoint.every == 0 or step == c.train.steps:
                 saved = save(step)
             if stop_after is not None and step >= stop_after:
@@ -288,7 +292,8 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
     bar.close()
     writer.close()
 
-    summary = {"steps": step, "seconds": time.perf_counter() - t_run,
+    summary = {"steps": step, "seconds": run_s,
+               "invocation_seconds": time.perf_counter() - t_invocation,
                "samples_total": counters["samples_total"], "method": c.method}
     if stopped:
         summary.update(stopped=signal.Signals(stopped).name,
