@@ -204,7 +204,13 @@ def test_new_weights_between_chunks(paged):
     """Driver.set_params: a running request goes on, its tokens recording both versions and
     its carried tokens counted; no later request starts from a prompt prefilled by the old
     weights, on either cache (its tokens equal a fresh driver's under the new weights, drawn
-    with the request's own step key)."""
+    with the request's own step key).
+
+    Each token is labelled with the version of the logits it was drawn from: the first token
+    of the chunk after the swap (the 5th) comes from the old weights' last logits, so it is
+    version 0, and its behaviour log-prob is the old model's, not the new one's (labelled 1,
+    as the driver once did, it would get importance weight 1 and lag 0)."""
+    from test_engine import model_logprobs
     from test_paged import random_params
 
     from ada.models import preset
@@ -224,7 +230,15 @@ def test_new_weights_between_chunks(paged):
     drv.set_params(new, 1)
     assert drv.carried_tokens == 4
     (done,) = [x for _ in range(3) for x in drv.step()]
-    assert done.versions == [0] * 4 + [1] * 8 and len(done.token_ids) == 12
+    assert done.versions == [0] * 5 + [1] * 7 and len(done.token_ids) == 12
+    alone = Driver(engine, old, step_key=key).generate_all(
+        [Request(prompt, prompt_id=1, sample_idx=0)])[0]  # the old weights throughout
+    assert done.token_ids[:5] == alone.token_ids[:5]
+    np.testing.assert_allclose(done.logprobs[:5], alone.logprobs[:5], atol=1e-6)
+    by_old, by_new = (model_logprobs(p, c, prompt, done.token_ids[:5])[4] for p in (old, new))
+    assert abs(done.logprobs[4] - by_old) < 2e-5 < abs(done.logprobs[4] - by_new)
+    lag = 1 - np.asarray(done.versions)  # as the batch of the step that trains it (batch.py)
+    assert lag[4] == 1 and not lag[5:].any()
     before = drv.prefilled_prompts
     drv.submit(Request(prompt, prompt_id=1, sample_idx=1, step_key=key))
     (again,) = [x for _ in range(3) for x in drv.step()]
