@@ -71,7 +71,7 @@ class Completion:
     sample_idx: int
     token_ids: list[int]
     text: str
-    logprobs: list[float]  # of the sampled-from distribution (see samplers.py)
+    logprobs: list[float]  # the policy's, untruncated by top-k / top-p (samplers.py)
     finish_reason: str  # "eos" | "length" | "error"
     prompt_tokens: list[int]
     error: str | None = None
