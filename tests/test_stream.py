@@ -194,9 +194,21 @@ def test_a_sampler_on_devices_of_its_own(tmp_path, cache):
 def test_a_sampler_needs_a_device_to_spare(tmp_path, cache):
     from ada.loop import train
 
-    cfg = _config(tmp_path, cache, 1, 0, **{"rl.sampler_devices": "8"})
+    cfg = _config(tmp_path, cache, 1, 0, **{"rl.sampler_devices": "8", "sampling.mesh": "(-1,1)"})
     with pytest.raises(C.ConfigError, match="rl.sampler_devices=8 leaves no device to train on"):
         train(cfg, str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("sampler_mesh,spans", [("(1,1)", 1), ("(2,2)", 4), ("(-1,2)", 2)])
+def test_a_sampler_mesh_must_use_the_sampler_devices(tmp_path, cache, sampler_mesh, spans):
+    """rl.sampler_devices=3 with a sampling mesh over fewer (a device idle) or more devices
+    than that is one line naming both knobs, before anything runs."""
+    with pytest.raises(C.ConfigError, match=(
+            rf"^rl.sampler_devices=3 with sampling.mesh=.*: the sampling mesh spans {spans} "
+            r"devices, not the sampler's 3; make sampling.mesh's data x tensor = 3")):
+        _config(tmp_path, cache, 1, 0, **{"rl.sampler_devices": "3",
+                                          "sampling.mesh": sampler_mesh})
+    _config(tmp_path, cache, 1, 0, **{"rl.sampler_devices": "3", "sampling.mesh": "(3,1)"})
 
 
 @pytest.mark.parametrize("paged", [False, True])
