@@ -71,6 +71,10 @@ def _params(workdir):
 
 @pytest.mark.parametrize("extra", [{}, {"adaptive.scheduler": "continuous"}])
 def test_staleness_0_is_the_synchronous_loop_bit_for_bit(tmp_path, cache, extra):
+    """k = 0: the stream's metrics and parameters are the synchronous loop's, bit for bit.
+    Its batches carry behaviour log-probs and lags as at k > 0, so the importance weights
+    are the loss's own (is_weights), not written in: every token lags 0 and weighs exactly
+    1 (a lag off by one, or a weight for fresh tokens, gives a mean that is not 1)."""
     cfg = _config(tmp_path, cache, 4, 0, **extra)
     _train(cfg, tmp_path / "stream")
     rows = read_jsonl(str(tmp_path / "stream" / "metrics.jsonl"))[1:]
@@ -79,7 +83,9 @@ def test_staleness_0_is_the_synchronous_loop_bit_for_bit(tmp_path, cache, extra)
     for row, ref in zip(rows, ref_rows, strict=True):
         ref = sync_loop.comparable(ref)
         assert {k: row[k] for k in ref} == ref
-        assert row["staleness_max"] == 0 and row["is_weight_mean"] == 1.0
+        assert row["staleness_max"] == 0 and row["staleness_hist"][0] > 0
+        assert row["is_weight_mean"] == 1.0 and row["is_weight_truncated_share"] == 0.0
+        assert row["is_weight_nonfinite_share"] == 0.0
     assert any(r["pg_loss"] != 0 for r in ref_rows)  # the steps trained on something
     assert any(len(r["active_prompts_per_round"]) > 1 for r in ref_rows) or extra
     got = _params(str(tmp_path / "stream"))

@@ -236,7 +236,11 @@ def policy_loss(
     adv_BxT = jnp.broadcast_to(advantages_B.astype(jnp.float32)[:, None], mask.shape)
     terms = ppo_clip_terms(logp_BxT, old_logp_BxT, adv_BxT, c)
     weigh = is_weight is not None and c.stale_objective == "decoupled"
-    pg_loss = agg(is_weight["weight"] * terms["loss"] if weigh else terms["loss"])
+    pg_loss = agg(terms["loss"])
+    if weigh:  # plus the stale tokens' correction: exactly 0 when every weight is 1 (k = 0),
+        # so the loss is then the unweighted one bit for bit (w x term would not be: another
+        # fusion of the sum)
+        pg_loss = pg_loss + agg((is_weight["weight"] - 1.0) * terms["loss"])
     loss = pg_loss
     metrics = {
         "pg_loss": pg_loss,
