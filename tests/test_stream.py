@@ -176,10 +176,21 @@ def test_staleness_0_is_the_synchronous_loop_in_two_processes(tmp_path):
     assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-def test_a_sampler_on_devices_of_its_own(tmp_path, cache):
+def _devices(tree) -> set:
+    return {d for x in jax.tree.leaves(tree) for d in x.sharding.device_set}
+
+
+def test_a_sampler_on_devices_of_its_own(tmp_path, cache, monkeypatch):
     """rl.sampler_devices=1: the last device samples on its own thread, the first trains.
-    At k = 0 that is still the synchronous loop, bit for bit; at k = 2 the bound holds and
-    every batch trains once, in order, however the threads interleave."""
+    At k = 0 that is still the synchronous loop, bit for bit. At k = 2 the sampler's weights
+    and decode state live on its device only, the trainer's weights on none of it, and the
+    sampler ran chunks while the trainer updated (the driver's chunk count grew between a
+    batch's hand-out and the end of its update); the bound holds and every batch trains
+    once, in order, however the threads interleave. Killed as step 4 starts (cohorts past
+    the checkpoint in flight on the sampler's thread) and resumed, the run trains the same
+    batches in the same order, none twice, step 4's afresh."""
+    from ada import stream
+
     k0 = _config(tmp_path, cache, 3, 0, **{"rl.sampler_devices": "1"})
     _train(k0, tmp_path / "k0")
     ref_rows, ref_params = sync_loop.run(_config(tmp_path, cache, 3, 0), 3)
@@ -190,11 +201,46 @@ def test_a_sampler_on_devices_of_its_own(tmp_path, cache):
     got, want = _params(str(tmp_path / "k0")), jax.tree.leaves(ref_params)
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
+    seen = {"sampler": set(), "trainer": set(), "chunks_out": {}, "chunks_trained": {}}
+    next_batch, set_params = stream.Stream.next_batch, stream.Stream.set_params
+
+    def spy_next_batch(self):
+        out = next_batch(self)
+        seen["chunks_out"][self.version + 1] = self.driver.chunks
+        seen["sampler"] |= _devices(self.driver.params) | _devices(self.driver.state)
+        return out
+
+    def spy_set_params(self, params, version):
+        seen["chunks_trained"][version] = self.driver.chunks  # the update is complete
+        seen["trainer"] |= _devices(params)
+        return set_params(self, params, version)
+
+    monkeypatch.setattr(stream.Stream, "next_batch", spy_next_batch)
+    monkeypatch.setattr(stream.Stream, "set_params", spy_set_params)
+    steps, cfg = 6, _config(tmp_path, cache, 6, 2, **{"rl.sampler_devices": "1"})
     trained = []
-    _train(_config(tmp_path, cache, 5, 2, **{"rl.sampler_devices": "1"}), tmp_path / "k2", trained)
+    _train(cfg, tmp_path / "k2", trained)
     rows = read_jsonl(str(tmp_path / "k2" / "metrics.jsonl"))[1:]
-    assert [s for s, _ in trained] == list(range(1, 6))
+    assert [s for s, _ in trained] == list(range(1, steps + 1))
     assert all(r["staleness_max"] <= 2 and 0 <= r["sampler_idle_share"] <= 1 for r in rows)
+    assert seen["sampler"] == {jax.local_devices()[-1]}
+    assert seen["trainer"] and not seen["trainer"] & seen["sampler"]
+    assert any(seen["chunks_trained"][t] > seen["chunks_out"][t] for t in range(1, steps + 1))
+
+    monkeypatch.undo()
+    killed, trained_b = tmp_path / "killed", []
+    monkeypatch.setenv("ADA_FAULT", "loop.raise@4")
+    with pytest.raises(RuntimeError, match="fault injected"):
+        _train(cfg, killed, trained_b)
+    monkeypatch.delenv("ADA_FAULT")
+    _train(cfg, killed, trained_b)
+    rows_b = read_jsonl(str(killed / "metrics.jsonl"))[1:]
+    assert [r["step"] for r in rows_b] == list(range(1, steps + 1))
+    assert trained_b == trained  # every batch once, in the data's order
+    ids = [i for _, batch in trained_b for i in batch]
+    assert len(ids) == len(set(ids)) == steps * 8
+    assert all(r["staleness_max"] <= 2 for r in rows_b)
+    assert rows_b[3]["staleness_max"] == 0  # step 4: drawn again after the resume
 
 
 def test_a_sampler_needs_a_device_to_spare(tmp_path, cache):
