@@ -120,7 +120,7 @@ def base() -> ml_collections.ConfigDict:
     # synchronous loop (each step samples, then trains), bit for bit.
     c.rl = ml_collections.ConfigDict()
     c.rl.max_staleness = 0  # k: a trained token lags the policy by at most k versions
-    c.rl.sampler_devices = 0  # 0 = colocated (turns on every device); N = this process's last N devices sample on their own thread, the others train
+    c.rl.sampler_devices = 0  # 0 = colocated (turns on every device); N = this process's last N devices sample on their own thread, the others train (sampling.mesh must span the N: data x tensor = N, or data=-1)
 
     # The optimizer (AdamW): ada.rl.optimizer.OptimConfig, field for field.
     c.optim = ml_collections.ConfigDict()
