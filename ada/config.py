@@ -446,6 +446,13 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     need(len(s.mesh) == 2 and s.mesh[1] >= 1 and (s.mesh[0] >= 1 or s.mesh[0] == -1),
          f"sampling.mesh={tuple(s.mesh)} must be (data, tensor) with tensor >= 1 and data "
          ">= 1 or -1 (all of this process's devices)")
+    if isinstance(nd, int) and nd > 0 and len(s.mesh) == 2 and s.mesh[1] >= 1:
+        data, tensor = s.mesh
+        used = (nd // tensor if data == -1 else data) * tensor
+        need(used == nd, f"rl.sampler_devices={nd} with sampling.mesh={tuple(s.mesh)}: the "
+             f"sampling mesh spans {used} devices, not the sampler's {nd}; make sampling.mesh's "
+             f"data x tensor = {nd} (data=-1: all of them)"
+             + (f" or rl.sampler_devices={used}" if 0 < used < nd else ""))
     problems.extend(kv_cache_problems(config))
     e = config.eval
     need(e.samples >= 1, f"eval.samples={e.samples} must be >= 1")

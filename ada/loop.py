@@ -256,10 +256,10 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
                                    normalize_std=c.adaptive.normalize_std,
                                    ref_params=ref_params,
                                    update_diagnostics=c.log.update_diagnostics,
-                                   version=step - 1 if k else None)
+                                   version=step - 1)
             stream.set_params(state.params, step)
             m.update(time_collect_s=t1 - t0, time_update_s=time.perf_counter() - t1,
-                     **stream_metrics(streamed, k))
+                     **stream_metrics(streamed))
             counters = {"samples_total": int(counters["samples_total"] + m["samples"]),
                         "prompts_total": int(counters["prompts_total"] + c.data.prompts_per_step)}
             m["samples_total"] = counters["samples_total"]
@@ -318,10 +318,10 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
     return summary
 
 
-def stream_metrics(local: dict, k: int) -> dict:
+def stream_metrics(local: dict) -> dict:
     """The stream's per-step metrics over every process: the staleness of the trained
-    tokens (with k = 0 the importance weights are 1 by definition, and the loss computes
-    none), the idle shares and queue of the slowest process."""
+    tokens, the idle shares and queue of the slowest process. (The importance weights' come
+    from the loss, at k = 0 too: 1 for the tokens the proximal policy drew.)"""
     hist = distributed.global_sum(np.asarray(local["staleness_hist"], np.int64))
     worst = distributed.allgather(np.array([
         local["staleness_max"], local["sampler_idle_share"], local["trainer_idle_share"],
@@ -335,8 +335,6 @@ def stream_metrics(local: dict, k: int) -> dict:
            "slot_occupancy": float(local["slot_occupancy"]),
            "spanning_share": float(local["spanning_share"]),
            "carried_tokens": int(local["carried_tokens"])}
-    if not k:
-        out.update(is_weight_mean=1.0, is_weight_truncated_share=0.0)
     return out
 
 

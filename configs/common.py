@@ -113,13 +113,14 @@ def base() -> ml_collections.ConfigDict:
     c.loss.kl_estimator = "k3"  # k1 | k2 | k3 (Schulman's estimators; k3 = verl's low_var_kl)
     c.loss.stale_objective = "decoupled"  # stale tokens (rl.max_staleness > 0): decoupled (PPO vs the proximal policy x capped IS weight) | naive (behaviour log-probs as PPO's old)
     c.loss.is_weight_cap = 2.0  # decoupled: the proximal / behaviour weight of a stale token is capped here
+    c.loss.is_weight_rule = "truncate"  # a weight above the cap: truncate (to the cap) | filter (to 0: the token does not train, as the AReaL paper)
 
     # The stream (ada/stream.py): the next steps' prompts sample while a step's last rounds
     # drain; a trained token lags the policy by at most max_staleness versions. 0 = the
     # synchronous loop (each step samples, then trains), bit for bit.
     c.rl = ml_collections.ConfigDict()
     c.rl.max_staleness = 0  # k: a trained token lags the policy by at most k versions
-    c.rl.sampler_devices = 0  # 0 = colocated (turns on every device); N = this process's last N devices sample on their own thread, the others train
+    c.rl.sampler_devices = 0  # 0 = colocated (turns on every device); N = this process's last N devices sample on their own thread, the others train (sampling.mesh must span the N: data x tensor = N, or data=-1)
 
     # The optimizer (AdamW): ada.rl.optimizer.OptimConfig, field for field.
     c.optim = ml_collections.ConfigDict()
