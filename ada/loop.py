@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ada import distributed, knobs, paths, setup, watch
+from ada import distributed, knobs, paths, quiet, setup, watch
 from ada import sharding as shd
 from ada.checkpoint import FAULT_ENV, Checkpointer, StorageError, complete_steps, storage_errno
 from ada.config import ConfigError, load_run_config
@@ -135,9 +135,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, force_config: 
     """Run (or resume) training; returns the final summary dict. `preemption` (the command
     line's): stop after the step a signal arrives in, with a checkpoint (summary["stopped"]).
     Raises ConfigError before writing anything when a resume's config is refused."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("absl", "jax", "orbax", "fsspec", "gcsfs"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet.quiet_logging()
     workdir = str(paths.path(workdir))
     resume = check_resume(config, workdir, force_config)
     try:
@@ -304,7 +302,7 @@ def _train(c, workdir: str, resume, stop_after, preemption) -> dict:
         params = shd.gather_to_host(state.params)  # every process joins
         if main:
             summary["hf"] = paths.join(workdir, "hf")
-            export_hf(params, s.model_cfg, s.tokenizer, summary["hf"])
+            export_hf(params, s.model_cfg, s.tokenizer, summary["hf"], c.tokenizer.template)
     if main:
         evals = [r for r in read_jsonl(paths.join(workdir, "metrics.jsonl"))
                  if r.get("eval_accuracy") is not None]

@@ -160,7 +160,7 @@ def test_kl_temperature_minibatches_and_hf_export_end_to_end(tmp_path, cache):
     jitted step: no reference log-probs were ever built), at sampling temperature 0.7 with
     two mini-batches, and checkpoint.export_hf writes a directory transformers loads: the
     model, and a tokenizer that encodes like ada's (it used to be a tokenizer.json copied
-    as tokenizer.model)."""
+    as tokenizer.model) and applies the run's template as ada does."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ada.loop import train
@@ -186,6 +186,10 @@ def test_kl_temperature_minibatches_and_hf_export_end_to_end(tmp_path, cache):
     ids = encode_prompt(tok, cfg.tokenizer.template, "What is 12 + 34?")
     text = tok.decode(ids)
     assert hf_tok(text, add_special_tokens=False)["input_ids"] == tok.encode(text)
+    # the export carries the run's prompt format (it had no chat_template: issue 46)
+    chat = hf_tok.apply_chat_template([{"role": "user", "content": "What is 12 + 34?"}],
+                                      add_generation_prompt=True, tokenize=True)
+    assert list(getattr(chat, "input_ids", chat)) == ids
 
 
 def test_kl_coef_below_zero_is_refused_before_any_compile(tmp_path):

@@ -132,14 +132,14 @@ def run_command(spec: str, overrides, workdir: str, extra: Sequence[str] = ()) -
 def run(config, args, command: str, preemption: Preemption) -> int:
     """Train in this process, with the signal handling, the watch of the other processes and
     the one-line stops of the module docstring."""
-    from ada import distributed, watch
+    from ada import distributed, quiet, watch
     from ada.checkpoint import StorageError
     from ada.config import ConfigError, fail
     from ada.loop import RunError, train
 
     preemption.budget_s = config.checkpoint.preemption_budget_s
     preemption.watched()  # a signal now: exit at once, and tell the run's other processes
-    distributed.cpu_only_without_accelerators()
+    quiet.quiet_start()  # the quiet logging every command shares, JAX on the CPU without an accelerator
     # an absurd optim.lr overflows float32 when compiled; the loop reports what follows in one line
     warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
     try:

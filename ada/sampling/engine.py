@@ -96,7 +96,7 @@ class Chunk:
     """The result of K decode steps for b slots."""
 
     tokens: jax.Array  # [b, K] int32
-    logprobs: jax.Array  # [b, K] float32 (of the sampled-from distribution, see samplers)
+    logprobs: jax.Array  # [b, K] float32: the policy's, untruncated by top-k / top-p (samplers)
     valid: jax.Array  # [b, K] bool: token belongs to the response
     active: jax.Array  # [b] bool: slot still generating after the chunk
     window: int = struct.field(pytree_node=False, default=0)  # cache positions attended
