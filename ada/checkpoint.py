@@ -142,6 +142,14 @@ def complete_steps(directory) -> list[int]:
     return sorted(int(p.name) for p in d.iterdir() if _STEP_RE.match(p.name) and is_complete(p))
 
 
+def stored_tree(step_dir):
+    """The array tree a complete step stores, as orbax metadata (each array's shape and
+    dtype; nothing read). The item's handler reads its own metadata (StandardCheckpointer's
+    would look for a _CHECKPOINT_METADATA in state/, which only the step has, and warn)."""
+    md = _ocp().StandardCheckpointHandler().metadata(paths.path(step_dir) / "state")
+    return getattr(md, "item_metadata", md)
+
+
 class Checkpointer:
     """Save / restore (array pytree, JSON meta) per step under one directory (local or gs://).
 
@@ -300,10 +308,7 @@ class Checkpointer:
         """Restore the stored pytree onto this process's first device, whatever mesh wrote
         it (no target needed; for export, eval and comparisons)."""
         step = self._complete(step)
-        # the item's handler reads its own metadata (StandardCheckpointer().metadata would look
-        # for a _CHECKPOINT_METADATA in state/, which only the step has, and warn it is absent)
-        md = _ocp().StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
-        md = getattr(md, "item_metadata", md)
+        md = stored_tree(self.directory / str(step))
         one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), md)
         return self._restore(step, target)

@@ -110,6 +110,16 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     return spec, None
 
 
+def _call(fn, name: str, arg: str | None, path: str):
+    """`fn(arg)` (`fn()` without one), the `name` function of a config or sweep file; what it
+    raises is one line naming the call and its line."""
+    try:
+        return fn(arg) if arg is not None else fn()
+    except Exception as e:
+        raise ConfigError(f"{name}({arg!r}) in {path}{_line_in(path, e)} raised "
+                          f"{type(e).__name__}: {e}") from None
+
+
 def load_config(spec: str) -> ml_collections.ConfigDict:
     """Load `file.py[:arg]` by calling its `get_config(arg)`."""
     path, arg = split_spec(spec)
@@ -117,12 +127,7 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     fn = getattr(module, "get_config", None)
     if fn is None:
         raise ConfigError(f"config file {path} has no get_config(arg=None) function")
-    try:
-        config = fn(arg) if arg is not None else fn()
-    except Exception as e:
-        raise ConfigError(
-            f"get_config({arg!r}) in {path}{_line_in(path, e)} raised {type(e).__name__}: {e}"
-        ) from None
+    config = _call(fn, "get_config", arg, path)
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"get_config in {path} returned {type(config).__name__}, not a ConfigDict")
     return config
@@ -298,12 +303,16 @@ def overrides_to_args(overrides: dict[str, Any]) -> list[str]:
 
 
 def load_sweep(path: str) -> tuple[str, list[dict[str, Any]]]:
-    """A sweep file defines BASE (a config spec) and get_sweep(arg=None) -> [override dicts]."""
+    """A sweep file (`file.py[:arg]`) defines BASE (a config spec) and get_sweep(arg=None) ->
+    [override dicts]."""
     path, arg = split_spec(path)
     module = _load_module(path)
     if not hasattr(module, "get_sweep") or not hasattr(module, "BASE"):
         raise ConfigError(f"sweep file {path} must define BASE = 'configs/x.py[:arg]' and get_sweep(arg=None)")
-    runs = module.get_sweep(arg) if arg is not None else module.get_sweep()
+    runs = _call(module.get_sweep, "get_sweep", arg, path)
+    if not isinstance(runs, Iterable) or isinstance(runs, (str, dict)):
+        raise ConfigError(f"get_sweep in {path} returned {type(runs).__name__}, not a list of "
+                          "override dicts")
     runs = list(runs)
     for i, r in enumerate(runs):
         if not isinstance(r, dict):
@@ -437,6 +446,13 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     need(len(s.mesh) == 2 and s.mesh[1] >= 1 and (s.mesh[0] >= 1 or s.mesh[0] == -1),
          f"sampling.mesh={tuple(s.mesh)} must be (data, tensor) with tensor >= 1 and data "
          ">= 1 or -1 (all of this process's devices)")
+    if isinstance(nd, int) and nd > 0 and len(s.mesh) == 2 and s.mesh[1] >= 1:
+        data, tensor = s.mesh
+        used = (nd // tensor if data == -1 else data) * tensor
+        need(used == nd, f"rl.sampler_devices={nd} with sampling.mesh={tuple(s.mesh)}: the "
+             f"sampling mesh spans {used} devices, not the sampler's {nd}; make sampling.mesh's "
+             f"data x tensor = {nd} (data=-1: all of them)"
+             + (f" or rl.sampler_devices={used}" if 0 < used < nd else ""))
     problems.extend(kv_cache_problems(config))
     e = config.eval
     need(e.samples >= 1, f"eval.samples={e.samples} must be >= 1")

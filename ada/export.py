@@ -3,6 +3,8 @@
 `export_hf` is the one export path (the training loop calls it; a restored checkpoint goes
 through it too, via `Checkpointer.restore_params`). The directory loads with transformers'
 AutoModelForCausalLM and AutoTokenizer, and that tokenizer encodes every text to ada's ids.
+Given the run's prompt template, it carries that template as its chat template, so that
+`apply_chat_template` on a problem gives the ids the run trained and ada-serve answers on.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ada import paths
 from ada.models.hf import save_hf
 from ada.models.hf_config import check_vocab
 from ada.models.transformer import ModelConfig, Params
+from ada.templates import chat_template, get_template
 from ada.tokenizer import HFTokenizer, SentencePieceTokenizer, Tokenizer
 
 # The files of a Hugging Face directory that describe its tokenizer (never weights or config.json).
@@ -36,7 +39,8 @@ class AdaTokenizer({base}):
 '''
 
 
-def export_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike) -> list[str]:
+def export_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike,
+                     template: str | None = None) -> list[str]:
     """Write `tokenizer` into the HF model directory `out_dir` (beside save_hf's weights) so
     that `transformers.AutoTokenizer.from_pretrained(out_dir)` loads it and encodes every text to
     ada's ids (add_special_tokens=True matching add_special=True).
@@ -51,9 +55,21 @@ def export_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike) -> list[s
     ids and chat template. Such a config also carries an auto_map to tokenization_ada.py: without
     one, transformers 5 swaps tokenizer_class for the model type's own class on some types (a
     qwen2 config.json gets Qwen2Tokenizer, which re-tokenizes with Qwen's byte-level rules).
+    `template` (an ada.templates name: the run's tokenizer.template) replaces the chat template
+    with ada's rendering of it (`templates.chat_template`), in tokenizer_config.json and in
+    chat_template.jinja (transformers 5 reads the latter first), whatever the model shipped:
+    `apply_chat_template(messages, add_generation_prompt=True)` then gives encode_prompt's ids.
+    A template encoded with the tokenizer's special tokens (plain) writes its BOS as text, so
+    a SentencePiece export then parses special tokens in text (split_special_tokens off: pass
+    sanitize_control_tokens=True to apply_chat_template to keep a typed "<s>" as text, as ada
+    does). Without `template` the tokenizer's own chat template is kept.
     Tokenizer files of an earlier export that this one does not write are removed (they could
     shadow it). Returns the written file names.
     """
+    bos_text = ""
+    if template is not None and get_template(template).add_special:
+        bos_text = "".join(tokenizer.id_to_piece(i) for i in tokenizer.encode("", add_special=True))
+    chat = tokenizer.chat_template if template is None else chat_template(template, bos_text)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     beside = lambda names: {n: tokenizer.config_dir / n for n in names
@@ -67,12 +83,14 @@ def export_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike) -> list[s
         sources = beside(["generation_config.json"]) | {"tokenizer.model": Path(tokenizer.path)}
         config = {
             "tokenizer_class": "SentencePieceBackend", "legacy": True,
-            "split_special_tokens": True, "unk_token": tokenizer.id_to_piece(tokenizer.unk_id),
+            "split_special_tokens": not bos_text, "unk_token": tokenizer.id_to_piece(tokenizer.unk_id),
             "special_tokens_pattern": "none" if tokenizer.bos_id is None else "bos",
         }
     else:
         raise TypeError(f"cannot export a {type(tokenizer).__name__}; expected an ada tokenizer")
 
+    if template is not None:  # the run's template replaces any the model shipped
+        sources.pop("chat_template.json", None)
     for name, src in sources.items():
         dst = out / name
         if not (dst.exists() and os.path.samefile(src, dst)):
@@ -82,8 +100,8 @@ def export_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike) -> list[s
     if "tokenizer_config.json" not in sources:
         config.update(bos_token=piece(tokenizer.bos_id), eos_token=piece(tokenizer.eos_id),
                       pad_token=piece(tokenizer.pad_id))
-        if tokenizer.chat_template is not None:
-            config["chat_template"] = tokenizer.chat_template
+        if chat is not None:
+            config["chat_template"] = chat
         # With auto_map set AutoTokenizer loads tokenizer_class as named, or under
         # trust_remote_code=True its subclass in tokenization_ada.py.
         ref = "tokenization_ada.AdaTokenizer"
@@ -93,6 +111,14 @@ def export_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike) -> list[s
         (out / "tokenization_ada.py").write_text(module)
         (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         written += ["tokenization_ada.py", "tokenizer_config.json"]
+    elif template is not None:  # the model's own config, with the run's template
+        config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config["chat_template"] = chat
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False),
+                                                   encoding="utf-8")
+    if template is not None:
+        (out / "chat_template.jinja").write_text(chat, encoding="utf-8")
+        written += [] if "chat_template.jinja" in written else ["chat_template.jinja"]
     if "generation_config.json" not in sources:
         eos = list(tokenizer.eos_ids)
         gen_config = {"bos_token_id": tokenizer.bos_id, "pad_token_id": tokenizer.pad_id,
@@ -105,16 +131,17 @@ def export_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike) -> list[s
 
 
 def export_hf(params: Params, model_cfg: ModelConfig, tokenizer: Tokenizer,
-              out_dir: str | os.PathLike) -> list[str]:
-    """Write `params` (save_hf) and `tokenizer` (export_tokenizer) into `out_dir`; checks first
+              out_dir: str | os.PathLike, template: str | None = None) -> list[str]:
+    """Write `params` (save_hf) and `tokenizer` (export_tokenizer, with the run's prompt
+    `template` as its chat template) into `out_dir`; checks first
     that the tokenizer's ids fit the embedding, so no half-usable directory is written. A gs://
     `out_dir` is written locally first, then copied up file by file. Returns the written
     file names."""
     check_vocab(model_cfg, tokenizer.vocab_size)
     if not paths.is_remote(out_dir):
-        return save_hf(params, model_cfg, out_dir) + export_tokenizer(tokenizer, out_dir)
+        return save_hf(params, model_cfg, out_dir) + export_tokenizer(tokenizer, out_dir, template)
     with tempfile.TemporaryDirectory() as tmp:
-        names = export_hf(params, model_cfg, tokenizer, tmp)
+        names = export_hf(params, model_cfg, tokenizer, tmp, template)
         for name in names:
             with open(os.path.join(tmp, name), "rb") as src, \
                     paths.path(out_dir).joinpath(name).open("wb") as dst:

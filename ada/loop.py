@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ada import distributed, knobs, paths, setup, watch
+from ada import distributed, knobs, paths, quiet, setup, watch
 from ada import sharding as shd
 from ada.checkpoint import FAULT_ENV, Checkpointer, StorageError, complete_steps, storage_errno
 from ada.config import ConfigError, load_run_config
@@ -139,9 +139,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, force_config: 
     update, handoff, eval, save): what the chips hold there is what ada.plan's memory
     ledger says (tests/test_memory.py).
     Raises ConfigError before writing anything when a resume's config is refused."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("absl", "jax", "orbax", "fsspec", "gcsfs"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet.quiet_logging()
     workdir = str(paths.path(workdir))
     resume = check_resume(config, workdir, force_config)
     try:
@@ -173,12 +171,12 @@ def prompts_and_layout(c, s: setup.Setup) -> tuple[PromptIterator, BatchLayout]:
 
 
 def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
+    t_invocation = time.perf_counter()
     observe = observe or (lambda phase, step, stream: None)
     main = distributed.is_main()
     tracker = start_tracker(c, workdir) if main and c.log.wandb else None
-    t0 = time.perf_counter()
     s = setup.build(c)
-    setup_s = time.perf_counter() - t0
+    setup_s = time.perf_counter() - t_invocation
 
     iterator, layout = prompts_and_layout(c, s)
     state = s.fns.init_state(s.params)
@@ -192,7 +190,7 @@ def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
         raise StorageError("checkpoints to", workdir, storage_errno(e)) from None
     ckpt.clean_partial()
     base_key = jax.random.key(c.seed)
-    start, counters = 0, {"samples_total": 0, "prompts_total": 0}
+    start, counters, run_s = 0, {"samples_total": 0, "prompts_total": 0}, 0.0
     guard = {"skipped_steps": 0, "skipped_in_row": 0}
     resumed = ckpt.latest_step() is not None
     if resumed:
@@ -209,20 +207,23 @@ def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
         iterator.set_state(meta["data"])
         counters = meta.get("sampler", counters)
         guard = meta.get("guard", guard)
+        run_s = meta.get("seconds", run_s)  # the earlier segments' (0: saved before it was kept)
         log.info("resumed from step %d (%s)", start, ckpt.directory)
     record_config(c, workdir, resume, start)
 
     writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard,
                            resume_step=start if resumed else None, enabled=main, tracker=tracker)
-    bar = Progress(c.train.steps, initial=start, enabled=main and c.log.progress)
+    bar = Progress(c.train.steps, initial=start, enabled=main, bar=c.log.progress, every=c.log.every)
     saved = start if resumed else None
 
     def resume_text(at):
         return f"to resume from step {at} (the latest checkpoint)" if at else "to start again"
 
+    step = start
+
     def hint(at):
         if preemption is not None:  # read when its line is due: a save may complete meanwhile
-            preemption.training(lambda: resume_text(ckpt.latest_step()))
+            preemption.training(lambda: resume_text(ckpt.latest_step()), lambda: step)
         watch.set_resume_hint(f"rerun the same command on every host {resume_text(at)}")
 
     k = c.rl.max_staleness
@@ -243,11 +244,11 @@ def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
         # the data position after batch `at`: the batches in flight are drawn again on resume
         ckpt.save(at, state_tree(state, jax.random.key_data(base_key)),
                   {"data": stream.data_state(), "sampler": counters, "method": c.method,
-                   "guard": guard})
+                   "guard": guard, "seconds": run_s})
         hint(ckpt.last_complete)  # `at` is written while the next steps run
         return at
 
-    step, t_run = start, time.perf_counter()
+    t_run, run_s0 = time.perf_counter(), run_s
     stopped = preemption.requested() if preemption else None  # e.g. during the first eval
     try:
         while step < c.train.steps and not stopped:
@@ -261,12 +262,12 @@ def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
                                    normalize_std=c.adaptive.normalize_std,
                                    ref_params=ref_params,
                                    update_diagnostics=c.log.update_diagnostics,
-                                   version=step - 1 if k else None)
+                                   version=step - 1)
             observe("update", step, stream)
             stream.set_params(state.params, step)
             observe("handoff", step, stream)
             m.update(time_collect_s=t1 - t0, time_update_s=time.perf_counter() - t1,
-                     **stream_metrics(streamed, k))
+                     **stream_metrics(streamed))
             counters = {"samples_total": int(counters["samples_total"] + m["samples"]),
                         "prompts_total": int(counters["prompts_total"] + c.data.prompts_per_step)}
             m["samples_total"] = counters["samples_total"]
@@ -281,6 +282,7 @@ def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
             writer.write(step, m)
             bar.update(m)
             _check_finite(c, step, finite, guard, saved)
+            run_s = run_s0 + time.perf_counter() - t_run  # to this step's end, as it is saved
             if step % c.checkpoint.every == 0 or step == c.train.steps:
                 saved = save(step)
                 observe("save", step, stream)
@@ -300,7 +302,8 @@ def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
     bar.close()
     writer.close()
 
-    summary = {"steps": step, "seconds": time.perf_counter() - t_run,
+    summary = {"steps": step, "seconds": run_s,
+               "invocation_seconds": time.perf_counter() - t_invocation,
                "samples_total": counters["samples_total"], "method": c.method}
     if stopped:
         summary.update(stopped=signal.Signals(stopped).name,
@@ -311,7 +314,7 @@ def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
         params = shd.gather_to_host(state.params)  # every process joins
         if main:
             summary["hf"] = paths.join(workdir, "hf")
-            export_hf(params, s.model_cfg, s.tokenizer, summary["hf"])
+            export_hf(params, s.model_cfg, s.tokenizer, summary["hf"], c.tokenizer.template)
     if main:
         evals = [r for r in read_jsonl(paths.join(workdir, "metrics.jsonl"))
                  if r.get("eval_accuracy") is not None]
@@ -325,10 +328,10 @@ def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
     return summary
 
 
-def stream_metrics(local: dict, k: int) -> dict:
+def stream_metrics(local: dict) -> dict:
     """The stream's per-step metrics over every process: the staleness of the trained
-    tokens (with k = 0 the importance weights are 1 by definition, and the loss computes
-    none), the idle shares and queue of the slowest process."""
+    tokens, the idle shares and queue of the slowest process. (The importance weights' come
+    from the loss, at k = 0 too: 1 for the tokens the proximal policy drew.)"""
     hist = distributed.global_sum(np.asarray(local["staleness_hist"], np.int64))
     worst = distributed.allgather(np.array([
         local["staleness_max"], local["sampler_idle_share"], local["trainer_idle_share"],
@@ -342,8 +345,6 @@ def stream_metrics(local: dict, k: int) -> dict:
            "slot_occupancy": float(local["slot_occupancy"]),
            "spanning_share": float(local["spanning_share"]),
            "carried_tokens": int(local["carried_tokens"])}
-    if not k:
-        out.update(is_weight_mean=1.0, is_weight_truncated_share=0.0)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Metric writers: metrics.jsonl, TensorBoard (tensorboardX), a tqdm progress bar, plots.
+"""Metric writers: metrics.jsonl, TensorBoard (tensorboardX), progress (a tqdm bar, or a line
+every few steps for a cluster log), plots.
 
 Only process 0 writes; other processes get writers that do nothing, so the loop calls
 them unconditionally. `metrics.jsonl` holds one JSON object per step. On resume the file
@@ -14,6 +15,8 @@ import io
 import json
 import math
 import os
+import sys
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -186,36 +189,51 @@ class MetricsWriter:
 
 
 class Progress:
-    """A tqdm bar over training steps with ETA and a few live numbers; process 0 only:
-    acc = the policy's accuracy on the step's prompts (first round), eval = held-out
-    accuracy (last eval), zero_var = share of kept groups with no signal, draws/p =
-    responses drawn per prompt, stale = the trained tokens' mean lag in policy versions (a
-    stream, rl.max_staleness > 0; shown once it is not 0). The kept-group reward is left
-    out: under balanced selection it sits near 1/2 whatever the policy does."""
+    """Training progress on stderr, process 0 only: a tqdm bar with ETA (`bar`), or with the
+    bar off (log.progress=false: a cluster log) one text line every `every` steps and at the
+    last (log.every; 0: none), with the bar's numbers, the mean seconds per step since the
+    first step of this invocation and the ETA at that pace. The numbers: acc = the policy's accuracy on the step's prompts
+    (first round), eval = held-out accuracy (last eval), zero_var = share of kept groups with
+    no signal, draws/p = responses drawn per prompt, stale = the trained tokens' mean lag in
+    policy versions (a stream, rl.max_staleness > 0; shown once it is not 0). The kept-group
+    reward is left out: under balanced selection it sits near 1/2 whatever the policy does."""
 
     SHORT = {"reward_round0_mean": "acc", "eval_accuracy": "eval",
              "zero_variance_share": "zero_var", "samples_per_prompt": "draws/p",
              "staleness_mean": "stale"}
 
-    def __init__(self, total: int, initial: int = 0, enabled: bool | None = None, desc: str = "train"):
+    def __init__(self, total: int, initial: int = 0, enabled: bool | None = None, desc: str = "train",
+                 bar: bool = True, every: int = 10):
         self.enabled = _is_main() if enabled is None else enabled
         self._bar = None
         self._last: dict = {}
-        if self.enabled:
+        self._total, self._step, self._start, self._desc = total, initial, initial, desc
+        self._every = max(every, 0) if self.enabled and not bar else 0
+        self._t0 = time.perf_counter()
+        if self.enabled and bar:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True,
                              smoothing=0.1)
 
     def update(self, metrics: dict, n: int = 1) -> None:
-        if self._bar is None:
+        if self._bar is None and not self._every:
             return
         for k in self.SHORT:
             if metrics.get(k) is not None and (k != "staleness_mean" or metrics[k] or k in self._last):
                 self._last[k] = metrics[k]
-        self._bar.set_postfix({self.SHORT[k]: f"{self._last[k]:.3f}" for k in self.SHORT
-                               if k in self._last}, refresh=False)
-        self._bar.update(n)
+        shown = {self.SHORT[k]: f"{self._last[k]:.3f}" for k in self.SHORT if k in self._last}
+        if not n and self._step == self._start:  # the step-0 eval: time the steps only
+            self._t0 = time.perf_counter()
+        self._step += n
+        if self._bar is not None:
+            self._bar.set_postfix(shown, refresh=False)
+            self._bar.update(n)
+        elif n and (self._step % self._every == 0 or self._step >= self._total):
+            per = (time.perf_counter() - self._t0) / max(self._step - self._start, 1)
+            eta = _clock(per * max(self._total - self._step, 0))
+            print(f"{self._desc} step {self._step}/{self._total} {per:.2f}s/step eta {eta} "
+                  + " ".join(f"{k}={v}" for k, v in shown.items()), file=sys.stderr, flush=True)
 
     def write(self, text: str) -> None:
         if self._bar is not None:
@@ -225,6 +243,12 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _clock(seconds: float) -> str:
+    """H:MM:SS."""
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}"
 
 
 # ----------------------------------------------------------------------------- plots
@@ -244,10 +268,10 @@ PLOT_KEYS = ("reward_round0_mean", "eval_accuracy", "reward_mean", "zero_varianc
              "logp_change_pos", "logp_change_neg")
 
 # Panel titles in plain words (the metric's own name is the panel's y label). A key without
-# an entry is titled by its name.
+# an entry is titled by its name. `panel_titles` words some per method.
 PLOT_TITLES = {
     "reward_round0_mean": "policy accuracy on the batch (first round)",
-    "reward_mean": "kept-group reward (≈0.5 by construction under balance)",
+    "reward_mean": "kept-group reward (pulled towards 0.5 by balanced selection)",
     "pool_reward_mean": "share of correct responses among all drawn",
     "eval_accuracy": "held-out eval accuracy",
     "zero_variance_share": "share of prompts whose kept group has no learning signal "
@@ -264,11 +288,56 @@ PLOT_TITLES = {
     "logp_change_pos": "log-prob change of positive-advantage responses across the update",
     "logp_change_neg": "log-prob change of negative-advantage responses across the update",
 }
+# The methods that draw one round of n per prompt and keep it whole (ada/methods.py, those
+# without adaptive_rounds; tests/test_metrics.py holds the two lists equal): no rounds, no
+# exit rule, no selection pulling the kept reward to 0.5.
+ONE_ROUND = {
+    "grpo": {"reward_mean": "mean reward of the n responses drawn per prompt"},
+    "dapo": {"reward_mean": "mean reward of the kept groups (uniform groups dropped and "
+                            "replaced by new prompts)"},
+}
+_ONE_ROUND_TITLES = {
+    "reward_round0_mean": "policy accuracy on the batch (its n draws per prompt)",
+    "lacking_pos_share_round0": "share of prompts with fewer than n/2 correct of their n draws",
+    "lacking_neg_share_round0": "share of prompts with fewer than n/2 wrong of their n draws",
+}
+
+
+def panel_titles(method: str | None) -> dict:
+    """PLOT_TITLES in the words of `method` (None or an unknown name: the adaptive ones')."""
+    if method not in ONE_ROUND:
+        return PLOT_TITLES
+    return PLOT_TITLES | _ONE_ROUND_TITLES | ONE_ROUND[method]
+
+
+def _run_method(workdir: str) -> str | None:
+    """The method a run directory's config.json names (None when it has none)."""
+    try:
+        return json.loads(paths.read_bytes(paths.join(workdir, "config.json"))).get("method")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def plot_run(workdir: str, keys: Iterable[str] = PLOT_KEYS, out: str | None = None) -> str | None:
-    """One PNG with a panel per metric against training steps, up to three panels a row;
-    returns its path (None if no data)."""
+    """One PNG of `run_figure` (default WORKDIR/metrics.png); returns its path (None if no
+    data)."""
+    fig = run_figure(workdir, keys)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    out = out or paths.join(workdir, "metrics.png")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+    paths.write_atomic(out, png.getvalue())
+    return out
+
+
+def run_figure(workdir: str, keys: Iterable[str] = PLOT_KEYS):
+    """A matplotlib figure titled with the run's method and workdir, a panel per metric
+    against training steps, up to three panels a row, each in its method's words
+    (`panel_titles`); None if no key has data."""
     rows = read_jsonl(paths.join(workdir, METRICS_FILE))
     keys = [k for k in keys if len(series(rows, k)[0])]
     if not keys:
@@ -282,20 +351,18 @@ def plot_run(workdir: str, keys: Iterable[str] = PLOT_KEYS, out: str | None = No
 
     ncols = min(3, len(keys))
     nrows = math.ceil(len(keys) / ncols)
+    method = _run_method(workdir)
+    titles = panel_titles(method)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
+    fig.suptitle(f"{method or 'method unknown (no config.json)'}: {workdir}", fontsize=12)
     for ax, k in zip(axes.flat, keys, strict=False):
         xs, ys = series(rows, k)
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3)
-        ax.set_title(textwrap.fill(PLOT_TITLES.get(k, k), 48), fontsize=10)
+        ax.set_title(textwrap.fill(titles.get(k, k), 48), fontsize=10)
         ax.set_ylabel(k, fontsize=8, color="0.4")
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(keys):]:
         ax.set_visible(False)
     fig.tight_layout()
-    out = out or paths.join(workdir, "metrics.png")
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=100)
-    plt.close(fig)
-    paths.write_atomic(out, png.getvalue())
-    return out
+    return fig

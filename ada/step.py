@@ -55,9 +55,10 @@ def update_step(state: TrainState, collected: Collected, *, fns: TrainFns, metho
                 update_diagnostics: bool = False,
                 version: int | None = None) -> tuple[TrainState, dict]:
     """The update half of `rl_step` on a collected batch: advantages, batch, log-probs,
-    train step, metrics. `version` (the policy version of `state`, a stream with
-    rl.max_staleness > 0): the batch also carries each token's behaviour log-prob and lag
-    behind it, for the decoupled objective (ada/rl/losses.py: `is_weights`)."""
+    train step, metrics. `version` (the policy version of `state`; the loop passes it at
+    every rl.max_staleness, where at k = 0 every lag is 0): the batch also carries each
+    token's behaviour log-prob and lag behind it, for the decoupled objective
+    (ada/rl/losses.py: `is_weights`)."""
     adv_PxN = methods.advantages(method, collected, normalize_std)
     lengths = None  # the batch's own; across processes, one shape for the global batch
     if jax.process_count() > 1:

@@ -24,7 +24,9 @@ A sequence that spans a weight update continues under the new weights with the c
 earlier tokens wrote (PipelineRL's choice, `Driver.set_params`): nothing is recomputed or
 redrawn, its tokens record both versions, and the cost is that its later tokens were
 sampled from a mix of the two policies (their behaviour log-probs are the true ones of
-what was sampled). Cached prompt prefills are dropped at each update.
+what was sampled: each token's own version's, the policy's untruncated by top-k / top-p,
+as the trainer computes the proximal one). Cached prompt prefills are dropped at each
+update.
 
 Resume: the in-flight cohorts are not checkpointed; they are drawn again. A checkpoint
 after step t holds the data iterator's position after cohort t, so a resumed run draws
@@ -118,17 +120,22 @@ class Stream:
     """Cohorts of prompts sampled over one driver (module doc). `version`: the policy
     version of `params` (train steps applied); the next batch handed out is for step
     version + 1. `max_staleness`: k. `last_step`: no cohort past it is drawn.
-    `threaded`: the sampler runs on its own thread (disaggregated) until `close`."""
+    `threaded`: the sampler runs on its own thread (disaggregated) until `close`.
+    `driver`: the one to sample on (default: a Driver over `rollout.engine` and `params`;
+    experiments/stream_sim.py passes the simulator's)."""
 
     def __init__(self, rollout: Rollout, params, iterator: Iterator, base_key, *,
-                 max_staleness: int, version: int, last_step: int, threaded: bool = False):
+                 max_staleness: int, version: int, last_step: int, threaded: bool = False,
+                 driver=None):
         self.rollout, self.iterator, self.base_key = rollout, iterator, base_key
         self.k, self.version, self.last_step = int(max_staleness), int(version), int(last_step)
-        mesh = rollout.engine.mesh
+        mesh = rollout.engine.mesh if driver is None else None
         self.device = jax.local_devices()[0] if mesh is None else mesh.devices.flat[0]
-        with jax.default_device(self.device):
-            self.driver = Driver(rollout.engine, params, tokenizer=rollout.tokenizer,
-                                 version=self.version)
+        if driver is None:  # `driver`: another with the Driver's calls (the simulator's)
+            with jax.default_device(self.device):
+                driver = Driver(rollout.engine, params, tokenizer=rollout.tokenizer,
+                                version=self.version)
+        self.driver = driver
         self.cohorts: collections.deque[_Cohort] = collections.deque()
         self.owner: dict[int, int] = {}  # driver submission number -> cohort step
         self.next_step = self.version + 1

@@ -30,6 +30,8 @@ official template stamps today's date; ours takes `date_string`).
                 the tiny synthetic models
 
 A user-suffix instruction is joined as `problem + " " + instruction` (verl's data recipes).
+`chat_template(name)` is the same rendering as a Jinja chat template, which an HF export
+carries (ada/export.py) so that transformers' `apply_chat_template` gives ada's prompt text.
 Chat renderings carry their special tokens as text (BOS included for Llama and Gemma), so they
 are encoded with add_special=False; `plain` is encoded with add_special=True (the tokenizer's BOS,
 if it has one). `encode_prompt` applies that rule; use it rather than calling encode directly.
@@ -38,7 +40,9 @@ if it has one). `encode_prompt` applies that rule; use it rather than calling en
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -59,6 +63,7 @@ class Template:
     default_instruction: str | None
     add_special: bool  # encode with the tokenizer's own special tokens (BOS)?
     special_tokens: tuple[str, ...]  # must each be one token of the tokenizer
+    jinja: str  # the same rendering as a Jinja chat template (chat_template)
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -168,6 +173,95 @@ def _render_plain(messages, add_generation_prompt):
     return text + "Answer:" if add_generation_prompt else text
 
 
+# Qwen2.5-Math's own template opens with the CoT instruction when no system turn is given
+_render_qwen25_math = functools.partial(_render_qwen25, default_system=QWEN25_MATH_INSTRUCTION)
+
+
+# -- the same renderings as Jinja chat templates (tests/test_templates.py: equal text) ------
+
+
+def _lit(text: str) -> str:
+    """A Jinja string literal for `text` (Jinja unescapes literals like Python's)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _raise(message: str) -> str:
+    return "{{- raise_exception(" + _lit(message) + ") }}"
+
+
+# _check_messages: the roles ada renders, a system turn only first
+_JINJA_CHECK = (
+    "{%- for m in messages %}{%- if m['role'] not in ['system', 'user', 'assistant'] %}"
+    + _raise("templates render system, user and assistant turns") + "{%- endif %}"
+    "{%- if m['role'] == 'system' and not loop.first %}"
+    + _raise("a system message may only come first") + "{%- endif %}{%- endfor %}"
+)
+_JINJA_CHATML_TURNS = ("{%- for m in loop_messages %}{{- '<|im_start|>' + m['role'] + '\\n' + "
+                       "m['content'] + '<|im_end|>\\n' }}{%- endfor %}")
+
+
+def _jinja_qwen25(default_system: str) -> str:
+    return (
+        _JINJA_CHECK + "{%- if default_system is not defined %}{%- set default_system = "
+        + _lit(default_system) + " %}{%- endif %}"
+        "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] %}"
+        "{%- set loop_messages = messages[1:] %}{%- else %}{%- set system = default_system %}"
+        "{%- set loop_messages = messages %}{%- endif %}"
+        "{{- '<|im_start|>system\\n' + system + '<|im_end|>\\n' }}" + _JINJA_CHATML_TURNS
+        + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+
+_JINJA_QWEN3 = (
+    _JINJA_CHECK + "{%- set ns = namespace(last_user=-1) %}{%- for m in messages %}"
+    "{%- if m['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}"
+    "{%- endfor %}{%- for m in messages %}{%- if m['role'] == 'assistant' and ('<think>' in m['content'] or '</think>' in "
+    "m['content']) %}" + _raise("qwen3 template: ada renders RL prompts only (drop the "
+                                "reasoning from the history)") + "{%- endif %}"
+    "{%- if m['role'] == 'assistant' and loop.index0 > ns.last_user %}"
+    + _raise("qwen3 template: an assistant turn after the last user turn is not rendered")
+    + "{%- endif %}{%- endfor %}{%- set loop_messages = messages %}" + _JINJA_CHATML_TURNS
+    + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and not enable_thinking %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+_JINJA_LLAMA_TURNS = (
+    "{%- for m in loop_messages %}{{- '<|start_header_id|>' + m['role'] + "
+    "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '" + _LLAMA_GEN.replace("\n", "\\n") + "' }}{%- endif %}"
+)
+_JINJA_LLAMA3 = (_JINJA_CHECK + "{{- '<|begin_of_text|>' }}{%- set loop_messages = messages %}"
+                 + _JINJA_LLAMA_TURNS)
+_JINJA_LLAMA32 = (
+    _JINJA_CHECK + "{%- if date_string is not defined %}{%- set date_string = "
+    + _lit(LLAMA32_DEFAULT_DATE) + " %}{%- endif %}"
+    "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] | trim %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set system = '' %}"
+    "{%- set loop_messages = messages %}{%- endif %}"
+    "{{- '<|begin_of_text|><|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: ' + date_string + '\\n\\n' }}"
+    "{{- system + '<|eot_id|>' }}" + _JINJA_LLAMA_TURNS
+)
+_JINJA_GEMMA = (
+    _JINJA_CHECK + "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set prefix = messages[0]['content'] + '\\n\\n' %}{%- set loop_messages = messages[1:] %}"
+    "{%- else %}{%- set prefix = '' %}{%- set loop_messages = messages %}{%- endif %}"
+    "{{- '<bos>' }}{%- for m in loop_messages %}"
+    "{%- if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    + _raise("gemma template: turns must alternate user/assistant/user/..., starting with user")
+    + "{%- endif %}{%- set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "{{- '<start_of_turn>' + role + '\\n' + (prefix if loop.first else '') + m['content'] | trim"
+    " + '<end_of_turn>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
+)
+# BOS_TEXT: what the tokenizer adds in front when encoding with add_special (chat_template)
+_JINJA_PLAIN = (
+    _JINJA_CHECK + "{%- if messages | length != 1 or messages[0]['role'] != 'user' %}"
+    + _raise("plain template renders exactly one user message (no system, no history)")
+    + "{%- endif %}{{- BOS_TEXT + 'Question: ' + messages[0]['content'] + '\\n' }}"
+    "{%- if add_generation_prompt %}{{- 'Answer:' }}{%- endif %}"
+)
+
 _CHATML = ("<|im_start|>", "<|im_end|>")
 _LLAMA = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 _GEMMA = ("<bos>", "<start_of_turn>", "<end_of_turn>")
@@ -175,13 +269,15 @@ _GEMMA = ("<bos>", "<start_of_turn>", "<end_of_turn>")
 TEMPLATES: dict[str, Template] = {
     t.name: t
     for t in (
-        Template("qwen25_math", _render_qwen25, "system", QWEN25_MATH_INSTRUCTION, False, _CHATML),
-        Template("qwen_chat", _render_qwen25, "system", None, False, _CHATML),
-        Template("qwen3", _render_qwen3, "user", None, False, _CHATML),
-        Template("llama3", _render_llama3, "user", None, False, _LLAMA),
-        Template("llama32", _render_llama32, "system", None, False, _LLAMA),
-        Template("gemma", _render_gemma, "user", None, False, _GEMMA),
-        Template("plain", _render_plain, "user", None, True, ()),
+        Template("qwen25_math", _render_qwen25_math, "system", QWEN25_MATH_INSTRUCTION, False,
+                 _CHATML, _jinja_qwen25(QWEN25_MATH_INSTRUCTION)),
+        Template("qwen_chat", _render_qwen25, "system", None, False, _CHATML,
+                 _jinja_qwen25(QWEN_DEFAULT_SYSTEM)),
+        Template("qwen3", _render_qwen3, "user", None, False, _CHATML, _JINJA_QWEN3),
+        Template("llama3", _render_llama3, "user", None, False, _LLAMA, _JINJA_LLAMA3),
+        Template("llama32", _render_llama32, "system", None, False, _LLAMA, _JINJA_LLAMA32),
+        Template("gemma", _render_gemma, "user", None, False, _GEMMA, _JINJA_GEMMA),
+        Template("plain", _render_plain, "user", None, True, (), _JINJA_PLAIN),
     )
 }
 
@@ -190,6 +286,16 @@ def get_template(name: str) -> Template:
     if name not in TEMPLATES:
         raise ValueError(f"unknown prompt template {name!r}; known templates: {sorted(TEMPLATES)}")
     return TEMPLATES[name]
+
+
+def chat_template(template: str, bos_text: str = "") -> str:
+    """The Jinja chat template that renders as `render_messages(template, ...)` does, its
+    options (enable_thinking, date_string, default_system) as template variables.
+    `bos_text`: the special tokens the tokenizer puts in front under add_special (its BOS),
+    which templates encoded with add_special (plain) then carry in the text, so that
+    apply_chat_template's ids (encoded without special tokens) are encode_prompt's."""
+    t = get_template(template)
+    return t.jinja.replace("BOS_TEXT", _lit(bos_text if t.add_special else ""))
 
 
 def _check_messages(messages: Sequence[Message]) -> list[Message]:

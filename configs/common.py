@@ -96,7 +96,7 @@ def base() -> ml_collections.ConfigDict:
     # The decode KV cache (docs/paged.md): dense reserves prompt + max_new_tokens positions
     # per slot; paged holds pages as responses grow, shares a prompt's pages among its
     # samples, defers and preempts when a bounded pool runs out (same tokens either way).
-    c.sampling.kv_cache = "dense"  # dense | paged (qwen2, qwen3, llama)
+    c.sampling.kv_cache = "dense"  # dense | paged (both for every family: qwen2, qwen3, llama, gemma2, gemma3)
     c.sampling.page_size = 16  # paged: tokens per page
     c.sampling.num_pages = 0  # paged: pages in the pool; 0 = every slot's worst case (never preempts)
     c.sampling.paged_attention = "auto"  # paged: auto (TPU: kernel, else gather) | kernel | gather
@@ -113,13 +113,14 @@ def base() -> ml_collections.ConfigDict:
     c.loss.kl_estimator = "k3"  # k1 | k2 | k3 (Schulman's estimators; k3 = verl's low_var_kl)
     c.loss.stale_objective = "decoupled"  # stale tokens (rl.max_staleness > 0): decoupled (PPO vs the proximal policy x capped IS weight) | naive (behaviour log-probs as PPO's old)
     c.loss.is_weight_cap = 2.0  # decoupled: the proximal / behaviour weight of a stale token is capped here
+    c.loss.is_weight_rule = "truncate"  # a weight above the cap: truncate (to the cap) | filter (to 0: the token does not train, as the AReaL paper)
 
     # The stream (ada/stream.py): the next steps' prompts sample while a step's last rounds
     # drain; a trained token lags the policy by at most max_staleness versions. 0 = the
     # synchronous loop (each step samples, then trains), bit for bit.
     c.rl = ml_collections.ConfigDict()
     c.rl.max_staleness = 0  # k: a trained token lags the policy by at most k versions
-    c.rl.sampler_devices = 0  # 0 = colocated (turns on every device); N = this process's last N devices sample on their own thread, the others train
+    c.rl.sampler_devices = 0  # 0 = colocated (turns on every device); N = this process's last N devices sample on their own thread, the others train (sampling.mesh must span the N: data x tensor = N, or data=-1)
 
     # The optimizer (AdamW): ada.rl.optimizer.OptimConfig, field for field.
     c.optim = ml_collections.ConfigDict()
@@ -184,6 +185,7 @@ def base() -> ml_collections.ConfigDict:
     c.log = ml_collections.ConfigDict()
     c.log.tensorboard = True  # also write TensorBoard event files
     c.log.progress = True  # a progress bar on stderr
+    c.log.every = 10  # with log.progress=false: a text line on stderr every this many steps (0: none)
     c.log.plots = True  # write PNG plots of metrics.jsonl at the end
     c.log.wandb = False  # also log to Weights & Biases (pip install -e '.[wandb]'; process 0)
     c.log.wandb_project = "ada"  # the W&B project

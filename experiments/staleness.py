@@ -14,9 +14,16 @@ are reused when finished, so the two invocations can run side by side. Writes to
                   seed), seconds and steps to --target, samples, the stream's per-step
                   means (staleness, idle shares, importance weights, slot occupancy), and
                   each variant against k0 (difference, bootstrap CI, Welch p, Holm over
-                  the comparisons); every run's record
-  staleness.md    the same, as a table
+                  the comparisons); `speedup`: each variant's training seconds to the same
+                  steps (--at) against its baseline's (k0, or k0_split for the split
+                  runs), seed by seed, with each run's load average; every run's record
+  staleness.md    the same, as tables
   staleness.png   held-out accuracy against steps and seconds
+
+Speed is read at matched steps, not as seconds to --target: evals come every 25 steps, so
+"seconds to 0.7" jumps by 25 steps' time when one seed's eval lands at 0.693 instead of
+0.701. `--from-json docs/compare/staleness.json` re-summarizes the runs recorded there
+without their run folders.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ VARIANTS = {
     "k2_split": [("rl.max_staleness", "2"), ("rl.sampler_devices", "1")],
 }
 SPLIT = ("k0_split", "k2_split")
+AT = (50, 100, 150, 200)  # the steps speed is compared at
 STREAM = ("staleness_mean", "staleness_max", "sampler_idle_share", "trainer_idle_share",
           "queue_depth", "is_weight_mean", "is_weight_truncated_share", "slot_occupancy")
 
@@ -61,7 +69,47 @@ def run_one(args, overrides, variant: str, seed: int):
     return rec
 
 
-def summarize(records: dict, target: float) -> dict:
+def seconds_at(rec: dict, step: int) -> float:
+    """A run's training seconds to the end of `step` (NaN if it stopped before)."""
+    return next((p["seconds"] for p in rec["curve"] if p["step"] == step), float("nan"))
+
+
+def speedup(records: dict, at) -> list[dict]:
+    """Per variant against its baseline (the split runs: k0_split, the rest: k0): seconds to
+    each step of `at`, mean and sample std over seeds, and the baseline's seconds over the
+    variant's seed by seed (> 1: the variant is faster); the 1-minute load averages at each
+    run's start and end, since runs under other loads are not comparable."""
+    from seed_stats import mean_std
+
+    def load(rs):
+        xs = [x for r in rs for x in (r.get("loadavg_before", [None])[0],
+                                      r.get("loadavg_after", [None])[0]) if x is not None]
+        return [min(xs), max(xs)] if xs else None
+
+    out = []
+    for v, rs in records.items():
+        base = "k0_split" if v in SPLIT else "k0"
+        if v == base or base not in records:
+            continue
+        by_seed = {r["seed"]: r for r in records[base]}
+        pairs = [(r, by_seed[r["seed"]]) for r in rs if r["seed"] in by_seed]
+        row = {"a": v, "b": base, "seeds": [r["seed"] for r, _ in pairs],
+               "load_a": load([r for r, _ in pairs]), "load_b": load([b for _, b in pairs]),
+               "steps": {}}
+        for step in at:
+            sa = [seconds_at(r, step) for r, _ in pairs]
+            sb = [seconds_at(b, step) for _, b in pairs]
+            ratio = [y / x for x, y in zip(sa, sb, strict=True)]
+            row["steps"][str(step)] = {
+                "seconds_a": sa, "seconds_b": sb, "ratio": ratio,
+                **dict(zip(("seconds_a_mean", "seconds_a_std"), mean_std(sa), strict=True)),
+                **dict(zip(("seconds_b_mean", "seconds_b_std"), mean_std(sb), strict=True)),
+                **dict(zip(("ratio_mean", "ratio_std"), mean_std(ratio), strict=True))}
+        out.append(row)
+    return out
+
+
+def summarize(records: dict, target: float, at=AT) -> dict:
     import compare_methods as cm
     from seed_stats import bootstrap_ci, holm, mean_std, welch
 
@@ -89,21 +137,24 @@ def summarize(records: dict, target: float) -> dict:
                           "pooled_std": pooled, "ci95": bootstrap_ci(a, b), "p_welch": welch(a, b)[2]})
     for t, p in zip(tests, holm([t["p_welch"] for t in tests]), strict=True):
         t["p_holm"] = p
-    return {"variants": out, "tests": tests, "target": target}
+    return {"variants": out, "tests": tests, "target": target,
+            "speedup": speedup(records, at), "at": list(at)}
 
 
 def table(summary: dict) -> str:
     import compare_methods as cm
 
     num = cm.num
-    lines = ["| variant | seeds | final held-out acc. (mean ± std) | seconds to "
-             f"{summary['target']:g} (reached) | samples | staleness mean / max | "
+    lines = ["| variant | seeds | final held-out acc. (mean ± std) | training seconds "
+             f"(mean ± std) | steps to {summary['target']:g} (reached) | samples | "
+             "staleness mean / max | "
              "sampler idle | trainer idle | IS weight mean / truncated | slot occupancy |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for v, s in summary["variants"].items():
         lines.append(
             f"| {v} | {s['seeds']} | {num(s['final_mean'])} ± {num(s['final_std'])} | "
-            f"{num(s['seconds_to_target'], '.0f')} ({s['reached_target']}/{s['seeds']}) | "
+            f"{num(s['seconds'], '.0f')} ± {num(s['seconds_std'], '.0f')} | "
+            f"{num(s['steps_to_target'], '.0f')} ({s['reached_target']}/{s['seeds']}) | "
             f"{num(s['samples'], ',.0f')} | {num(s['staleness_mean'], '.2f')} / "
             f"{num(s['staleness_max'], '.0f')} | {num(s['sampler_idle_share'], '.2f')} | "
             f"{num(s['trainer_idle_share'], '.2f')} | {num(s['is_weight_mean'], '.4f')} / "
@@ -114,6 +165,23 @@ def table(summary: dict) -> str:
         lines.append(f"| {t['a']} | {t['diff']:+.3f} | {t['pooled_std']:.3f} | "
                      f"[{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}] | {t['p_welch']:.3f} | "
                      f"{t['p_holm']:.3f} |")
+    at = summary.get("at", [])
+    lines += ["", "| a vs b (seeds) | " + " | ".join(f"b / a seconds to step {n}" for n in at)
+              + " | a: seconds to step " + str(at[-1] if at else "") + " | b: same | "
+              "load a | load b |", "|---" * (5 + len(at)) + "|"]
+    for r in summary.get("speedup", []):
+        st = r["steps"]
+        last = st[str(at[-1])]
+
+        def rng(x):
+            return f"{x[0]:.1f}-{x[1]:.1f}" if x else "?"
+        lines.append(
+            f"| {r['a']} vs {r['b']} ({len(r['seeds'])}) | "
+            + " | ".join(f"{num(st[str(n)]['ratio_mean'], '.2f')} ± "
+                         f"{num(st[str(n)]['ratio_std'], '.2f')}" for n in at)
+            + f" | {num(last['seconds_a_mean'], '.0f')} ± {num(last['seconds_a_std'], '.0f')} | "
+            f"{num(last['seconds_b_mean'], '.0f')} ± {num(last['seconds_b_std'], '.0f')} | "
+            f"{rng(r['load_a'])} | {rng(r['load_b'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -153,7 +221,17 @@ def main(argv=None) -> int:
                     "this process's devices)")
     ap.add_argument("--devices", type=int, default=0, help="CPU devices of this process")
     ap.add_argument("--target", type=float, default=0.7)
+    ap.add_argument("--from-json", help="re-summarize the runs recorded in this staleness.json "
+                    "(no run folders needed, nothing trained)")
     args, rest = ap.parse_known_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            old = json.load(f)
+        summary = summarize(old["runs"], args.target)
+        summary.update(date=old["date"], command=old["command"], runs=old["runs"],
+                       resummarized={"date": datetime.date.today().isoformat(),
+                                     "command": " ".join(sys.argv)})
+        return write(summary, args.out, old["runs"])
     if args.devices:
         os.environ["XLA_FLAGS"] = " ".join(
             [*os.environ.get("XLA_FLAGS", "").split(),
@@ -175,12 +253,16 @@ def main(argv=None) -> int:
     summary = summarize(records, args.target)
     summary.update(date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
                    runs=records)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "staleness.json"), "w") as f:
+    return write(summary, args.out, records)
+
+
+def write(summary: dict, out: str, records: dict) -> int:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "staleness.json"), "w") as f:
         json.dump(summary, f, indent=1, default=float)
-    with open(os.path.join(args.out, "staleness.md"), "w") as f:
+    with open(os.path.join(out, "staleness.md"), "w") as f:
         f.write(table(summary))
-    plot(records, os.path.join(args.out, "staleness.png"))
+    plot(records, os.path.join(out, "staleness.png"))
     print(table(summary))
     return 0
 

@@ -121,7 +121,9 @@ GOOD = json.dumps({"problem": "p0", "answer": "1"})
     (json.dumps({"problem": "p", "answer": "  "}), "empty-answer",
      r"line 2: column 'answer' \(the gold answer\) is empty"),
     (json.dumps({"problem": "p", "answer": None}), "bad-type", r"line 2: column 'answer' is None"),
-    ('{"problem": "p", "answer": "1"', "bad-json", r"line 2: malformed JSON"),
+    # the column in the row, not 1 (the next line, past the newline, as it said before)
+    ('{"problem": "p", "answer": "1"', "bad-json",
+     r"line 2: malformed JSON \(Expecting ',' delimiter at column 31\)"),
     ('["p", "1"]', "bad-json", r"line 2: a JSON list, expected an object"),
     (json.dumps({"id": "x", "problem": "p", "answer": "1"}), "duplicate-id",
      r"line 2: duplicate id 'x' \(first at line 1\)"),

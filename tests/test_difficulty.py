@@ -299,14 +299,18 @@ def test_cli_filters_caches_and_resumes(policy, engine, tmp_path, capsys, monkey
 @pytest.mark.parametrize("change,message", [
     ({"--input": "missing.jsonl"}, r"--input .*missing\.jsonl: no such file"),
     ({"--k": "0"}, r"--k must be >= 1 \(got 0\)"),
-    ({"--prompts-per-call": "0"}, r"--prompts-per-call must be >= 1 \(got 0\)"),
-    ({"--num-slots": "0"}, r"--num-slots must be >= 1 \(got 0\)"),
-    ({"--max-new-tokens": "0"}, r"--max-new-tokens must be >= 1 \(got 0\)"),
+    # the dashed spellings are aliases of the flags, which are written with underscores
+    ({"--prompts-per-call": "0"}, r"--prompts_per_call must be >= 1 \(got 0\)"),
+    ({"--num_slots": "0"}, r"--num_slots must be >= 1 \(got 0\)"),
+    ({"--max-new-tokens": "0"}, r"--max_new_tokens must be >= 1 \(got 0\)"),
+    ({"--top_p": "0"}, r"--top_p 0\.0 must be in \(0, 1\]"),
+    ({"--problem_key": "question"},
+     r"--input .*in\.jsonl: line 1: missing column 'question' .*; pass --problem_key with the"),
     ({"--model": "no_such_model_dir"}, r"--model .*no_such_model_dir: no such directory"),
     ({"--max-pass-rate": "1.5"}, r"max_pass_rate \(1\.5\) <= 1"),
     ({"--template": "nope"}, r"--template: unknown prompt template 'nope'"),
     ({"--reward": "no_such_module:fn"}, r"--reward='no_such_module:fn' cannot be imported"),
-    ({"--max-prompt-tokens": "3"}, r"none of 7 prompts fits --max-prompt-tokens 3"),
+    ({"--max-prompt-tokens": "3"}, r"none of 7 prompts fits --max_prompt_tokens 3"),
 ])
 def test_cli_bad_input_is_one_line(policy, tmp_path, capsys, change, message):
     d = policy[0]

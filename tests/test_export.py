@@ -11,15 +11,17 @@ import optax
 import pytest
 import torch
 import transformers
+from test_templates import CONVERSATION, GEMMA_SPECIALS, LLAMA_SPECIALS, PROBLEMS, QWEN_SPECIALS, make_hf_dir
 from test_tokenizer import arithmetic_texts, write_json
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as HFTok
 
 from ada.checkpoint import Checkpointer
-from ada.export import export_hf
+from ada.export import export_hf, export_tokenizer
 from ada.models import init_params, preset
 from ada.models.hf import load_hf
 from ada.models.hf_config import CheckpointError
+from ada.templates import TEMPLATES, encode_prompt, prompt_messages, render_messages, render_prompt
 from ada.tokenizer import load_tokenizer, train_sentencepiece
 
 CHATML = (
@@ -195,3 +197,45 @@ def test_export_hf_from_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="tokenizer has .* tokens but the model's embedding"):
         export_hf(params, config.replace(vocab_size=tok.vocab_size - 1), tok, tmp_path / "small")
     assert not (tmp_path / "small").exists()
+
+
+# (template, tokenizer): every template ada trains with, on a tokenizer it runs on; plain
+# twice: on a tokenizer.json without a BOS and on a SentencePiece model that adds one
+TEMPLATE_CASES = [(t, "sentencepiece" if t == "plain" else "hf") for t in sorted(TEMPLATES)]
+TEMPLATE_CASES.append(("plain", "hf"))
+
+
+@pytest.mark.parametrize("template,kind", TEMPLATE_CASES)
+def test_export_carries_the_run_template(tmp_path, template, kind):
+    """The exported chat template is the run's prompt format: transformers'
+    apply_chat_template on a problem's messages gives ada's prompt text and encode_prompt's ids
+    (the BOS a plain prompt is encoded with written as text), and renders any conversation
+    as render_messages does. Before, a plain run's export had no chat_template (transformers
+    raised) and a chat run kept the model's own (Llama 3.2's stamps today's date)."""
+    if kind == "sentencepiece":
+        tok = train_sentencepiece(arithmetic_texts(400, seed=0), 96, tmp_path / "src" / "a.model")
+    else:
+        specials = {"gemma": GEMMA_SPECIALS, "llama3": LLAMA_SPECIALS,
+                    "llama32": LLAMA_SPECIALS}.get(template, QWEN_SPECIALS)
+        src = make_hf_dir(tmp_path / "src", specials, {"chat_template": CHATML, "bos_token": None,
+                                                       "eos_token": specials[-1]})
+        tok = load_tokenizer(src)
+    out = tmp_path / "hf"
+    written = export_tokenizer(tok, out, template)
+    assert "chat_template.jinja" in written and "tokenizer_config.json" in written
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    bos = "<s>" if kind == "sentencepiece" else ""
+    for problem in [*PROBLEMS, "12 + 34 = ?"]:
+        for instruction in (None, "Answer with a number."):
+            messages = prompt_messages(template, problem, instruction)
+            text = hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            assert text == bos + render_prompt(template, problem, instruction)
+            ids = hf_tok.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+            assert ids == encode_prompt(tok, template, problem, instruction)
+    if template != "plain":
+        for messages in (CONVERSATION, CONVERSATION[1:]):
+            for gen in (True, False):
+                assert hf_tok.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=gen) == render_messages(
+                    template, messages, gen)
+    assert load_tokenizer(out).chat_template == (out / "chat_template.jinja").read_text()

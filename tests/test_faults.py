@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -100,12 +101,15 @@ def rows(workdir):
             for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
 
 
-def signalled(workdir, env, signals, after_step=1, *extra):
+def signalled(workdir, env, signals, after_step=1, *extra, group=False):
     """Start a run, send `signals` (0.1 s apart: two pending signals of a kind would be one)
     once metrics.jsonl has `after_step`'s row; returns (process result, seconds from the last
-    signal to the exit)."""
+    signal to the exit). `group`: the run in a session of its own, each signal sent to its
+    process group, as a terminal sends Ctrl-C (the reward workers get it too)."""
     proc = subprocess.Popen(command(workdir, env, *extra), env=env, cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=group)
+    send = (lambda s: os.killpg(proc.pid, s)) if group else proc.send_signal
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline:
@@ -116,7 +120,7 @@ def signalled(workdir, env, signals, after_step=1, *extra):
             time.sleep(0.02)
         for i, s in enumerate(signals):
             time.sleep(0.1 * bool(i))
-            proc.send_signal(s)
+            send(s)
         t = time.monotonic()
         out, err = proc.communicate(timeout=120)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), \
@@ -165,8 +169,9 @@ def test_a_raising_reward_never_stops_the_run(reference):
 def test_sigterm_checkpoints_and_says_how_to_resume(preempted):
     r, wd = preempted
     assert r.returncode == 143, r.stderr[-3000:]  # the "restart me" code
-    (line,) = lines(r.stderr)
+    notice, line = lines(r.stderr)
     step = read_jsonl(os.path.join(wd, "metrics.jsonl"))[-1]["step"]
+    assert notice == f"SIGTERM: stopping after step {step}; a second SIGTERM stops now, losing it"
     assert line.startswith(f"SIGTERM: stopped after step {step} (checkpoint {wd}/checkpoints/")
     assert "resume with: python -m ada.runner" in line and f"--workdir {wd}" in line
     assert step < STEPS and str(step) in os.listdir(wd / "checkpoints")
@@ -184,8 +189,9 @@ def test_sigterm_past_the_budget_keeps_the_last_complete_checkpoint(tmp_path, en
     # (a save is asynchronous: step 2's may still be in flight when the budget runs out)
     r, seconds = signalled(wd, env, [signal.SIGTERM], 3, budget)
     assert r.returncode == 143 and seconds < 5, r.stderr[-3000:]
-    assert len(lines(r.stderr)) == 1, r.stderr[-3000:]
-    (line,) = lines(r.stderr)
+    assert len(lines(r.stderr)) == 2, r.stderr[-3000:]
+    notice, line = lines(r.stderr)
+    assert notice.startswith("SIGTERM: stopping after step ")
     assert line.startswith("SIGTERM: the stop did not finish within checkpoint."
                            "preemption_budget_s=0.01 s of the signal"), line
     assert "rerun python -m ada.runner" in line and "to resume from step" in line
@@ -198,15 +204,127 @@ def test_sigterm_past_the_budget_keeps_the_last_complete_checkpoint(tmp_path, en
     assert rows(wd) == reference
 
 
-def test_ctrl_c_is_one_line_and_exit_130(tmp_path, env, reference):
-    r, _ = signalled(tmp_path / "run", env, [signal.SIGINT])
-    assert r.returncode == 130, r.stderr[-3000:]
-    (line,) = lines(r.stderr)
-    assert line.startswith("SIGINT: stopped after step") and "resume with:" in line
-    assert not any(n in r.stderr for n in NOISE)
+def _handles(pid, signum):
+    """Whether process `pid` has a handler of its own for `signum` (/proc: SigCgt). Python
+    catches SIGINT from its start, SIGTERM only once ada's handler is installed."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(ln for ln in f if ln.startswith("SigCgt:")).split()[1]
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+def _jax_loaded(pid):
+    with open(f"/proc/{pid}/maps") as f:
+        return "jaxlib" in f.read()
+
+
+def _await(what, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+def _child(pid):
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        kids = f.read().split()
+    return int(kids[0]) if kids else None
+
+
+@pytest.mark.parametrize("window, delay, signum", [
+    ("handler", 0.0, signal.SIGINT), ("handler", 0.3, signal.SIGTERM),
+    ("handler", 1.0, signal.SIGINT), ("jax", 1.5, signal.SIGINT)])
+def test_a_signal_before_training_is_one_line_and_trains_nothing(tmp_path, env, window, delay,
+                                                                 signum):
+    """A terminal's Ctrl-C (to the process group) or a SIGTERM the instant ada's handler is in
+    (SIGTERM caught; only the interpreter's own start, ~40 ms, comes first; jaxlib not yet
+    loaded: asserted), `delay` s after that, and `delay` s after jaxlib is loaded (the config's
+    checks, the set-up): exit 130 / 143, one line, no training and no output directory. It
+    used to be lost in the first ~1.5 s (the run trained to the end, exit 0) or a
+    KeyboardInterrupt traceback; without the early handler the first window fails (the
+    handler came after `import jax`)."""
+    wd = tmp_path / "run"
+    proc = subprocess.Popen(command(wd, env), env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        _await(lambda: _handles(proc.pid, signal.SIGTERM) if window == "handler" else
+               _jax_loaded(proc.pid))
+        time.sleep(delay)
+        before_jax = not _jax_loaded(proc.pid)
+        os.killpg(proc.pid, signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, err[-3000:]
+    name = signal.Signals(signum).name
+    assert lines(err) == [f"{name}: stopped before training started, nothing lost; rerun "
+                          f"{shlex.join(['python', *command(wd, env)[1:]])} to start"], err
+    assert out == "" and not wd.exists()
+    assert before_jax or delay > 0
+
+
+def test_a_sweep_stops_when_its_run_is_interrupted(tmp_path, env):
+    """Ctrl-C (to the process group: the sweep and its run) as the sweep's first run starts:
+    that run says so in one line and exits 130, and so does the sweep, without starting the
+    next point (a run that lost the signal used to train on, exit 0, and the sweep went on)."""
+    sweep = tmp_path / "sweep.py"
+    sweep.write_text(f"BASE = {DEFAULT!r}\n\n\ndef get_sweep(arg=None):\n"
+                     "    return [{'seed': 0}, {'seed': 1}]\n")
+    cmd = command(tmp_path / "runs", env)
+    cmd[cmd.index("--config"):cmd.index("--config") + 2] = ["--sweep", str(sweep)]
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _await(lambda: _child(proc.pid) and _handles(_child(proc.pid), signal.SIGTERM))
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    (line,) = lines(err)
+    assert line.startswith("SIGINT: stopped before training started, nothing lost; rerun ")
+    assert "seed=0" in line and len(lines(out)) == 1 and "seed=0" in out
+    assert not (tmp_path / "runs" / "seed=1").exists()
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_ctrl_c_says_at_once_which_step_it_stops_after_and_exits_130(tmp_path, env, reference,
+                                                                    every):
+    """Ctrl-C from a terminal (to the process group) during a step (checkpoint.every=1: the
+    save of the step before runs beside it) and just as a save starts (every=2: the signal
+    comes with step 2's row, which is saved next): at once one line naming the step the run
+    stops after (it used to say nothing until the step ended: minutes on a paper preset),
+    then the stop's line; that step is checkpointed, exit 130."""
     from ada.checkpoint import complete_steps
 
-    assert complete_steps(str(tmp_path / "run" / "checkpoints"))  # the step was saved
+    r, _ = signalled(tmp_path / "run", env, [signal.SIGINT], every, "--config.checkpoint.every="
+                     f"{every}", group=True)
+    assert r.returncode == 130, r.stderr[-3000:]
+    notice, line = lines(r.stderr)
+    step = read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))[-1]["step"]
+    assert notice == f"SIGINT: stopping after step {step}; press Ctrl-C again to stop now, " \
+        "losing it"
+    assert line.startswith(f"SIGINT: stopped after step {step} (checkpoint ") and \
+        "resume with:" in line
+    assert not any(n in r.stderr for n in NOISE)
+    assert complete_steps(str(tmp_path / "run" / "checkpoints"))[-1] == step  # saved
+
+
+def test_a_second_ctrl_c_stops_now(tmp_path, env, reference):
+    """The second press (to the process group) during the step the first one named: at once,
+    exit 130, with the line that says so; the run did not finish."""
+    r, seconds = signalled(tmp_path / "run", env, [signal.SIGINT, signal.SIGINT], group=True)
+    assert r.returncode == 130 and seconds < 5, r.stderr[-3000:]
+    notice, line = lines(r.stderr)
+    assert notice.startswith("SIGINT: stopping after step "), notice
+    assert line.startswith("a second SIGINT: stopped at once, without checkpointing the "
+                           "current step; rerun python -m ada.runner"), line
+    assert not any(n in r.stderr for n in NOISE)
+    assert read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))[-1]["step"] < STEPS
 
 
 def test_a_second_signal_exits_at_once(tmp_path, env, reference):
@@ -217,9 +335,12 @@ def test_a_second_signal_exits_at_once(tmp_path, env, reference):
                            [signal.SIGTERM, signal.SIGTERM], 0)
     assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
     assert seconds < 5
-    ours = [ln for ln in lines(r.stderr) if "SIGTERM" in ln]  # libtpu prints its failed start
-    assert len(ours) == 1 and ours[0].startswith("a second SIGTERM: stopped at once"), r.stderr
-    assert "python -m ada.runner" in ours[0]
+    ours = [ln for ln in lines(r.stderr) if "SIGTERM" in ln  # libtpu prints its failed start
+            # a first signal within row 0's fsync stops before step 1, and says so first
+            and not ln.startswith("SIGTERM: stopped after step 0 (no checkpoint yet)")]
+    assert len(ours) == 2 and ours[0].startswith("SIGTERM: stopping after step "), r.stderr
+    assert ours[1].startswith("a second SIGTERM: stopped at once"), r.stderr
+    assert "python -m ada.runner" in ours[1]
     assert not any(n in r.stderr for n in (*NOISE, "FailureSignalHandler", "received by PID"))
 
 

@@ -85,7 +85,6 @@ def test_policy_loss_matches_numpy(mode, dual, kl_est):
                      entropy_coef=0.01, kl_coef=0.05, kl_estimator=kl_est)
     logp, old, adv, mask, ent, ref = random_inputs(1)
     want = np_reference(logp, old, adv, mask, ent, ref, cfg)
-    f32 = lambda x: jnp.asarray(x, jnp.float32)
     _, got = policy_loss(f32(logp), f32(old), f32(adv), jnp.asarray(mask), cfg,
                          entropy_BxT=f32(ent), ref_logp_BxT=f32(ref))
     assert set(want) <= set(got)
@@ -160,14 +159,17 @@ def test_bad_config_is_named():
         LossConfig(clip_low=1.0)
     with pytest.raises(ValueError, match="kl_coef=-0.1"):
         LossConfig(kl_coef=-0.1)
+    with pytest.raises(ValueError, match="is_weight_rule='clip' is not one of"):
+        LossConfig(is_weight_rule="clip")
     with pytest.raises(ValueError, match="ref_logp"):
         z = jnp.zeros((2, 3))
         policy_loss(z, z, jnp.zeros(2), z, LossConfig(kl_coef=0.1))
 
 
-def np_is_weights(prox, behav, lag, cap):
+def np_is_weights(prox, behav, lag, cap, rule="truncate"):
     """float64 reference of `losses.is_weights`: 1 for fresh tokens; for stale ones
-    min(prox / behav, cap), 0 where the ratio is not finite."""
+    prox / behav, above the cap the cap ("truncate") or 0 ("filter"), 0 where the ratio
+    is not finite."""
     w = np.ones(prox.shape)
     truncated = np.zeros(prox.shape, bool)
     nonfinite = np.zeros(prox.shape, bool)
@@ -178,15 +180,14 @@ def np_is_weights(prox, behav, lag, cap):
         if not np.isfinite(log_w):
             w[idx], nonfinite[idx] = 0.0, True
             continue
-        w[idx] = min(np.exp(log_w), cap)
         truncated[idx] = np.exp(log_w) > cap
+        w[idx] = np.exp(log_w) if not truncated[idx] else cap if rule == "truncate" else 0.0
     return w, truncated, nonfinite
 
 
-def test_decoupled_is_weights_match_numpy():
-    """Stale tokens weigh proximal / behaviour, capped; fresh ones exactly 1; a behaviour
-    log-prob of -inf or NaN gives weight 0 and no non-finite loss."""
-    cfg = LossConfig(is_weight_cap=2.0)
+def stale_inputs():
+    """A hand-made stale batch: `random_inputs` plus behaviour log-probs on both sides of
+    the cap, lags 0..2, a -inf and a NaN behaviour log-prob."""
     logp, old, adv, mask, ent, ref = random_inputs(3)
     rng = np.random.default_rng(4)
     behav = old + rng.normal(0, 0.8, old.shape)  # ratios on both sides of the cap
@@ -194,9 +195,22 @@ def test_decoupled_is_weights_match_numpy():
     behav[1, 2], lag[1, 2] = -np.inf, 1
     behav[3, 4], lag[3, 4] = np.nan, 2
     mask[1, 2] = mask[3, 4] = True
-    w, truncated, nonfinite = np_is_weights(old, behav, lag, cfg.is_weight_cap)
-    f32 = lambda x: jnp.asarray(x, jnp.float32)
-    got_w = losses.is_weights(f32(old), f32(behav), jnp.asarray(lag), cfg.is_weight_cap)
+    return logp, old, adv, mask, ent, ref, behav, lag
+
+
+def f32(x):
+    return jnp.asarray(x, jnp.float32)
+
+
+@pytest.mark.parametrize("rule", losses.IS_WEIGHT_RULES)
+def test_decoupled_is_weights_match_numpy(rule):
+    """Stale tokens weigh proximal / behaviour, above the cap the cap (truncate) or 0
+    (filter); fresh ones exactly 1; a behaviour log-prob of -inf or NaN gives weight 0 and
+    no non-finite loss."""
+    cfg = LossConfig(is_weight_cap=2.0, is_weight_rule=rule)
+    logp, old, adv, mask, ent, ref, behav, lag = stale_inputs()
+    w, truncated, nonfinite = np_is_weights(old, behav, lag, cfg.is_weight_cap, rule)
+    got_w = losses.is_weights(f32(old), f32(behav), jnp.asarray(lag), cfg.is_weight_cap, rule)
     np.testing.assert_allclose(np.asarray(got_w["weight"]), w, rtol=1e-6)
     assert np.array_equal(np.asarray(got_w["truncated"]), truncated) and truncated[mask].any()
     assert np.array_equal(np.asarray(got_w["nonfinite"]), nonfinite)
@@ -213,3 +227,50 @@ def test_decoupled_is_weights_match_numpy():
     grads = jax.grad(lambda lp: policy_loss(lp, f32(old), f32(adv), jnp.asarray(mask), cfg,
                                             is_weight=got_w)[0])(f32(logp))
     assert np.isfinite(np.asarray(grads)).all()
+
+
+@pytest.mark.parametrize("objective,rule", [("decoupled", "truncate"), ("decoupled", "filter"),
+                                            ("naive", "truncate")])
+@pytest.mark.parametrize("on_policy", [False, True])
+def test_stale_loss_and_gradient_match_numpy(objective, rule, on_policy):
+    """The lag branch of the loss as train.loss_fn runs it (`stale_terms`, then
+    `policy_loss`) on a hand-made stale batch: its value and its gradient in the log-probs
+    against float64 NumPy (`np_reference`, gradient by central differences). Decoupled: the
+    old log-probs are the proximal ones and each stale term is weighed; naive: a stale
+    token's finite behaviour log-prob is PPO's old one, no weight. On-policy the proximal
+    log-probs are the current ones, stop-gradient'd (as loss_fn): every ratio is 1 and the
+    weight scales each token's gradient. Breaking it (naive keeping the proximal log-probs,
+    a fresh token weighed, the filter truncating) fails here (checked)."""
+    cfg = LossConfig(is_weight_cap=2.0, stale_objective=objective, is_weight_rule=rule,
+                     entropy_coef=0.0)
+    logp, prox, adv, mask, _, _, behav, lag = stale_inputs()
+    if on_policy:
+        prox = logp
+    w, truncated, _ = np_is_weights(prox, behav, lag, cfg.is_weight_cap, rule)
+    old, weight = prox, w
+    if objective == "naive":
+        old, weight = np.where((lag > 0) & np.isfinite(behav), behav, prox), None
+    zeros = np.zeros(logp.shape)
+
+    def want(lp):
+        return np_reference(lp, old, adv, mask, zeros, zeros, cfg, weight)["loss"]
+
+    eps = 1e-6
+    want_grad = np.zeros(logp.shape)
+    for idx in np.ndindex(logp.shape):
+        up, down = logp.copy(), logp.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        want_grad[idx] = (want(up) - want(down)) / (2 * eps)
+
+    def loss(lp):
+        proximal = jax.lax.stop_gradient(lp) if on_policy else f32(prox)
+        o, wt = losses.stale_terms(proximal, f32(behav), jnp.asarray(lag), cfg)
+        return policy_loss(lp, o, f32(adv), jnp.asarray(mask), cfg, is_weight=wt)[0]
+
+    got, grad = jax.value_and_grad(loss)(f32(logp))
+    np.testing.assert_allclose(float(got), want(logp), rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-4, atol=1e-6)
+    assert (truncated & mask & (want_grad != 0)).any() or rule == "filter"  # exercised
+    if objective == "decoupled" and rule == "filter":  # over the cap: no gradient at all
+        assert (truncated & mask).any() and np.all(np.asarray(grad)[truncated] == 0)

@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -159,7 +160,7 @@ def test_kl_temperature_minibatches_and_hf_export_end_to_end(tmp_path, cache):
     jitted step: no reference log-probs were ever built), at sampling temperature 0.7 with
     two mini-batches, and checkpoint.export_hf writes a directory transformers loads: the
     model, and a tokenizer that encodes like ada's (it used to be a tokenizer.json copied
-    as tokenizer.model)."""
+    as tokenizer.model) and applies the run's template as ada does."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ada.loop import train
@@ -185,9 +186,77 @@ def test_kl_temperature_minibatches_and_hf_export_end_to_end(tmp_path, cache):
     ids = encode_prompt(tok, cfg.tokenizer.template, "What is 12 + 34?")
     text = tok.decode(ids)
     assert hf_tok(text, add_special_tokens=False)["input_ids"] == tok.encode(text)
+    # the export carries the run's prompt format (it had no chat_template: issue 46)
+    chat = hf_tok.apply_chat_template([{"role": "user", "content": "What is 12 + 34?"}],
+                                      add_generation_prompt=True, tokenize=True)
+    assert list(getattr(chat, "input_ids", chat)) == ids
 
 
 def test_kl_coef_below_zero_is_refused_before_any_compile(tmp_path):
     cfg = C.build_config(DEFAULT, [("loss.kl_coef", "-0.1")])
     with pytest.raises(C.ConfigError, match="loss.kl_coef"):
         C.validate(cfg, str(tmp_path))
+
+
+def test_run_seconds_add_up_over_a_resume_and_a_rerun_changes_no_figure(tmp_path, cache):
+    """summary.json's `seconds` is the run's training time over every segment (kept in the
+    checkpoint meta), `invocation_seconds` this command's. Broken, the resumed run counts only
+    its last segment (it used to), or a re-run of the finished run writes its own ~0 s over
+    the run's figure (it used to: 0.004 s)."""
+    from ada.checkpoint import Checkpointer
+    from ada.loop import train
+
+    ov = [*tiny_overrides(cache), ("train.steps", "2"), ("eval.every", "0"),
+          ("warmstart.enabled", "false")]
+    cfg = C.build_config(DEFAULT, ov)
+    wd = str(tmp_path / "run")
+    C.validate(cfg, wd)
+    first = train(cfg, wd, stop_after=1)  # one segment, then a resume
+    assert first["steps"] == 1 and 0 < first["seconds"] < first["invocation_seconds"]
+    _, meta = Checkpointer(os.path.join(wd, "checkpoints")).restore_params(1)
+    assert meta["seconds"] == first["seconds"]
+    done = train(cfg, wd)
+    own = done["seconds"] - first["seconds"]  # the second segment's training
+    assert 0 < own < done["invocation_seconds"]
+    saved = json.load(open(os.path.join(wd, "summary.json")))
+    again = train(cfg, wd)  # finished: nothing trains
+    assert json.load(open(os.path.join(wd, "summary.json"))) == dict(
+        saved, invocation_seconds=again["invocation_seconds"])
+    assert again["seconds"] == done["seconds"]
+
+
+def test_print_alone_prints_the_one_command_and_trains_nothing(tmp_path, capsys):
+    """`--print` without `--sweep` validates and prints the command it would run (it used to
+    be ignored: a real run trained); the printed command is the same run (its overrides
+    parse back), and no output directory is left."""
+    from ada.cli.train import main
+
+    wd = tmp_path / "run"
+    assert main(["--config", f"{DEFAULT}:grpo", "--config.train.steps=3", "--workdir", str(wd),
+                 "--print"]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    argv = shlex.split(line)
+    assert argv[:3] == [sys.executable, "-m", "ada.runner"] and "--print" not in argv
+    assert argv[argv.index("--config") + 1] == f"{DEFAULT}:grpo"
+    assert argv[argv.index("--workdir") + 1] == str(wd)
+    assert C.parse_override_args(argv[3:])[0] == [("train.steps", "3")]
+    assert not wd.exists()
+    assert main(["--config.train.steps=0", "--workdir", str(wd), "--print"]) == 2  # validated
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_sweep_and_flag_misuse_is_one_line(tmp_path, capsys):
+    """A sweep file's get_sweep that raises (a bad `:arg`) is one line naming the call and
+    its line, exit 2, as get_config's errors are (it was a 22-line traceback, exit 1);
+    `--diff` alone names --print_config (it said "no output directory")."""
+    from ada.cli.train import main
+
+    sweep = os.path.join(ROOT, "configs", "sweep_methods.py")
+    assert main(["--sweep", f"{sweep}:x", "--workdir", str(tmp_path), "--print"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: get_sweep('x') in {sweep}, line ") and "ValueError" in line
+    assert main(["--sweep", f"{sweep}:0", "--workdir", str(tmp_path), "--print"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 3  # 3 methods x seed 0
+    assert main(["--diff"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--print_config" in line and "output directory" not in line

@@ -4,6 +4,7 @@ model; answers checked against the Driver, bad input refused in one line."""
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -159,6 +160,12 @@ def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
         proc.terminate()  # SIGTERM: the server stops its driver and gRPC server, exits 0
         assert proc.wait(timeout=60) == 0, err.read_text()[-3000:]
         assert out.read_text().rstrip().endswith("ada-serve: stopped")
+        # quiet: no TensorFlow start-up lines, no JetStream INFO on the root logger (before:
+        # "Could not find cuda drivers" twice, then ten "root: ..." lines)
+        noise = [ln for ln in err.read_text().splitlines()
+                 if re.search(r"cudart_stub|absl::InitializeLog|^I0000 |"
+                              r" root: (Kicking off|Loaded all weights|Starting server)", ln)]
+        assert not noise, noise
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -205,15 +212,39 @@ def test_serves_the_paged_cache(run_dir, tmp_path):
 
 
 def test_serves_an_hf_export_of_the_run(run_dir, tmp_path):
+    """The run's export serves as the run; and transformers, given the export's chat template
+    and greedy decoding, answers as ada-serve does (its Driver: test above). Without the
+    template in the export, apply_chat_template raised; on raw text the model answered
+    something else."""
+    import torch
+    import transformers
+
     from ada.export import export_hf
+    from ada.sampling.driver import Driver, Request
 
     run = _policy(["--workdir", str(run_dir)])  # latest: step 5
     assert "step 5" in run.label
-    export_hf(run.params, run.engine.config, run.tokenizer.tokenizer, tmp_path / "hf")
+    tok, template = run.tokenizer.tokenizer, run.tokenizer.template
+    export_hf(run.params, run.engine.config, tok, tmp_path / "hf", template)
     hf = _policy(["--model", str(tmp_path / "hf")])
     jax.tree.map(np.testing.assert_array_equal, hf.params, run.params)
     text = "What is 1 + 2?"
     assert hf.tokenizer.encode(text) == run.tokenizer.encode(text)
+
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf",
+                                                              dtype=torch.float32)
+    problems = [serve.EXAMPLE_PROBLEM, "What is 5 - 7?", "What is 40 + 87?"]
+    served = Driver(run.engine, run.params, tokenizer=tok).generate_all(
+        [Request(run.tokenizer.encode(p), i, 0, run.engine.max_new_tokens)
+         for i, p in enumerate(problems)])
+    for problem, want in zip(problems, served, strict=True):
+        ids = hf_tok.apply_chat_template([{"role": "user", "content": problem}],
+                                         add_generation_prompt=True, return_tensors="pt")
+        assert ids["input_ids"][0].tolist() == run.tokenizer.encode(problem)
+        out = model.generate(**ids, max_new_tokens=run.engine.max_new_tokens, do_sample=False)
+        got = out[0, ids["input_ids"].shape[1]:].tolist()
+        assert got == want.token_ids, (problem, got, want.token_ids)
 
 
 @pytest.mark.parametrize("case", ["no run", "no model", "no step", "port in use", "no jetstream"])

@@ -71,6 +71,10 @@ def _params(workdir):
 
 @pytest.mark.parametrize("extra", [{}, {"adaptive.scheduler": "continuous"}])
 def test_staleness_0_is_the_synchronous_loop_bit_for_bit(tmp_path, cache, extra):
+    """k = 0: the stream's metrics and parameters are the synchronous loop's, bit for bit.
+    Its batches carry behaviour log-probs and lags as at k > 0, so the importance weights
+    are the loss's own (is_weights), not written in: every token lags 0 and weighs exactly
+    1 (a lag off by one, or a weight for fresh tokens, gives a mean that is not 1)."""
     cfg = _config(tmp_path, cache, 4, 0, **extra)
     _train(cfg, tmp_path / "stream")
     rows = read_jsonl(str(tmp_path / "stream" / "metrics.jsonl"))[1:]
@@ -79,7 +83,9 @@ def test_staleness_0_is_the_synchronous_loop_bit_for_bit(tmp_path, cache, extra)
     for row, ref in zip(rows, ref_rows, strict=True):
         ref = sync_loop.comparable(ref)
         assert {k: row[k] for k in ref} == ref
-        assert row["staleness_max"] == 0 and row["is_weight_mean"] == 1.0
+        assert row["staleness_max"] == 0 and row["staleness_hist"][0] > 0
+        assert row["is_weight_mean"] == 1.0 and row["is_weight_truncated_share"] == 0.0
+        assert row["is_weight_nonfinite_share"] == 0.0
     assert any(r["pg_loss"] != 0 for r in ref_rows)  # the steps trained on something
     assert any(len(r["active_prompts_per_round"]) > 1 for r in ref_rows) or extra
     got = _params(str(tmp_path / "stream"))
@@ -170,10 +176,21 @@ def test_staleness_0_is_the_synchronous_loop_in_two_processes(tmp_path):
     assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-def test_a_sampler_on_devices_of_its_own(tmp_path, cache):
+def _devices(tree) -> set:
+    return {d for x in jax.tree.leaves(tree) for d in x.sharding.device_set}
+
+
+def test_a_sampler_on_devices_of_its_own(tmp_path, cache, monkeypatch):
     """rl.sampler_devices=1: the last device samples on its own thread, the first trains.
-    At k = 0 that is still the synchronous loop, bit for bit; at k = 2 the bound holds and
-    every batch trains once, in order, however the threads interleave."""
+    At k = 0 that is still the synchronous loop, bit for bit. At k = 2 the sampler's weights
+    and decode state live on its device only, the trainer's weights on none of it, and the
+    sampler ran chunks while the trainer updated (the driver's chunk count grew between a
+    batch's hand-out and the end of its update); the bound holds and every batch trains
+    once, in order, however the threads interleave. Killed as step 4 starts (cohorts past
+    the checkpoint in flight on the sampler's thread) and resumed, the run trains the same
+    batches in the same order, none twice, step 4's afresh."""
+    from ada import stream
+
     k0 = _config(tmp_path, cache, 3, 0, **{"rl.sampler_devices": "1"})
     _train(k0, tmp_path / "k0")
     ref_rows, ref_params = sync_loop.run(_config(tmp_path, cache, 3, 0), 3)
@@ -184,19 +201,66 @@ def test_a_sampler_on_devices_of_its_own(tmp_path, cache):
     got, want = _params(str(tmp_path / "k0")), jax.tree.leaves(ref_params)
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
+    seen = {"sampler": set(), "trainer": set(), "chunks_out": {}, "chunks_trained": {}}
+    next_batch, set_params = stream.Stream.next_batch, stream.Stream.set_params
+
+    def spy_next_batch(self):
+        out = next_batch(self)
+        seen["chunks_out"][self.version + 1] = self.driver.chunks
+        seen["sampler"] |= _devices(self.driver.params) | _devices(self.driver.state)
+        return out
+
+    def spy_set_params(self, params, version):
+        seen["chunks_trained"][version] = self.driver.chunks  # the update is complete
+        seen["trainer"] |= _devices(params)
+        return set_params(self, params, version)
+
+    monkeypatch.setattr(stream.Stream, "next_batch", spy_next_batch)
+    monkeypatch.setattr(stream.Stream, "set_params", spy_set_params)
+    steps, cfg = 6, _config(tmp_path, cache, 6, 2, **{"rl.sampler_devices": "1"})
     trained = []
-    _train(_config(tmp_path, cache, 5, 2, **{"rl.sampler_devices": "1"}), tmp_path / "k2", trained)
+    _train(cfg, tmp_path / "k2", trained)
     rows = read_jsonl(str(tmp_path / "k2" / "metrics.jsonl"))[1:]
-    assert [s for s, _ in trained] == list(range(1, 6))
+    assert [s for s, _ in trained] == list(range(1, steps + 1))
     assert all(r["staleness_max"] <= 2 and 0 <= r["sampler_idle_share"] <= 1 for r in rows)
+    assert seen["sampler"] == {jax.local_devices()[-1]}
+    assert seen["trainer"] and not seen["trainer"] & seen["sampler"]
+    assert any(seen["chunks_trained"][t] > seen["chunks_out"][t] for t in range(1, steps + 1))
+
+    monkeypatch.undo()
+    killed, trained_b = tmp_path / "killed", []
+    monkeypatch.setenv("ADA_FAULT", "loop.raise@4")
+    with pytest.raises(RuntimeError, match="fault injected"):
+        _train(cfg, killed, trained_b)
+    monkeypatch.delenv("ADA_FAULT")
+    _train(cfg, killed, trained_b)
+    rows_b = read_jsonl(str(killed / "metrics.jsonl"))[1:]
+    assert [r["step"] for r in rows_b] == list(range(1, steps + 1))
+    assert trained_b == trained  # every batch once, in the data's order
+    ids = [i for _, batch in trained_b for i in batch]
+    assert len(ids) == len(set(ids)) == steps * 8
+    assert all(r["staleness_max"] <= 2 for r in rows_b)
+    assert rows_b[3]["staleness_max"] == 0  # step 4: drawn again after the resume
 
 
 def test_a_sampler_needs_a_device_to_spare(tmp_path, cache):
     from ada.loop import train
 
-    cfg = _config(tmp_path, cache, 1, 0, **{"rl.sampler_devices": "8"})
+    cfg = _config(tmp_path, cache, 1, 0, **{"rl.sampler_devices": "8", "sampling.mesh": "(-1,1)"})
     with pytest.raises(C.ConfigError, match="rl.sampler_devices=8 leaves no device to train on"):
         train(cfg, str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("sampler_mesh,spans", [("(1,1)", 1), ("(2,2)", 4), ("(-1,2)", 2)])
+def test_a_sampler_mesh_must_use_the_sampler_devices(tmp_path, cache, sampler_mesh, spans):
+    """rl.sampler_devices=3 with a sampling mesh over fewer (a device idle) or more devices
+    than that is one line naming both knobs, before anything runs."""
+    with pytest.raises(C.ConfigError, match=(
+            rf"^rl.sampler_devices=3 with sampling.mesh=.*: the sampling mesh spans {spans} "
+            r"devices, not the sampler's 3; make sampling.mesh's data x tensor = 3")):
+        _config(tmp_path, cache, 1, 0, **{"rl.sampler_devices": "3",
+                                          "sampling.mesh": sampler_mesh})
+    _config(tmp_path, cache, 1, 0, **{"rl.sampler_devices": "3", "sampling.mesh": "(3,1)"})
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -204,7 +268,13 @@ def test_new_weights_between_chunks(paged):
     """Driver.set_params: a running request goes on, its tokens recording both versions and
     its carried tokens counted; no later request starts from a prompt prefilled by the old
     weights, on either cache (its tokens equal a fresh driver's under the new weights, drawn
-    with the request's own step key)."""
+    with the request's own step key).
+
+    Each token is labelled with the version of the logits it was drawn from: the first token
+    of the chunk after the swap (the 5th) comes from the old weights' last logits, so it is
+    version 0, and its behaviour log-prob is the old model's, not the new one's (labelled 1,
+    as the driver once did, it would get importance weight 1 and lag 0)."""
+    from test_engine import model_logprobs
     from test_paged import random_params
 
     from ada.models import preset
@@ -224,7 +294,15 @@ def test_new_weights_between_chunks(paged):
     drv.set_params(new, 1)
     assert drv.carried_tokens == 4
     (done,) = [x for _ in range(3) for x in drv.step()]
-    assert done.versions == [0] * 4 + [1] * 8 and len(done.token_ids) == 12
+    assert done.versions == [0] * 5 + [1] * 7 and len(done.token_ids) == 12
+    alone = Driver(engine, old, step_key=key).generate_all(
+        [Request(prompt, prompt_id=1, sample_idx=0)])[0]  # the old weights throughout
+    assert done.token_ids[:5] == alone.token_ids[:5]
+    np.testing.assert_allclose(done.logprobs[:5], alone.logprobs[:5], atol=1e-6)
+    by_old, by_new = (model_logprobs(p, c, prompt, done.token_ids[:5])[4] for p in (old, new))
+    assert abs(done.logprobs[4] - by_old) < 2e-5 < abs(done.logprobs[4] - by_new)
+    lag = 1 - np.asarray(done.versions)  # as the batch of the step that trains it (batch.py)
+    assert lag[4] == 1 and not lag[5:].any()
     before = drv.prefilled_prompts
     drv.submit(Request(prompt, prompt_id=1, sample_idx=1, step_key=key))
     (again,) = [x for _ in range(3) for x in drv.step()]

@@ -261,7 +261,7 @@ def ref_render(ref, messages, add_generation_prompt=True, **kw):
 # (our template, reference tokenizer, template options, reference kwargs)
 CASES = [
     ("qwen_chat", "qwen25", {}, {}),
-    ("qwen25_math", "qwen25", {}, {}),
+    ("qwen25_math", "qwen25_math", {}, {}),  # conversations too: its default system turn
     ("qwen3", "qwen3", {}, {}),
     ("qwen3", "qwen3", {"enable_thinking": False}, {"enable_thinking": False}),
     ("qwen3", "qwen3", {"enable_thinking": True}, {"enable_thinking": True}),
@@ -283,8 +283,6 @@ def test_prompts_match_transformers(hf_dirs, hf_ref, name, ref_key, opts, ref_kw
             assert text == ref_render(ref, messages, **ref_kw)
             ids = encode_prompt(ours_tok, name, problem, instruction, **opts)
             assert ids == ref.encode(text, add_special_tokens=False)
-    if name == "qwen25_math":
-        return  # same renderer as qwen_chat
     for gen in (True, False):
         assert render_messages(name, CONVERSATION, gen, **opts) == ref_render(
             ref, CONVERSATION, gen, **ref_kw

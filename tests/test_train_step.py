@@ -80,13 +80,18 @@ def test_token_logp_alignment_and_chunking():
     assert np.all(np.asarray(logp)[:, 0] == 0)
 
 
-def test_training_logp_equals_sampler_logprobs_at_temperature():
+@pytest.mark.parametrize("truncate", [{}, {"top_k": 20}, {"top_p": 0.8}])
+def test_training_logp_equals_sampler_logprobs_at_temperature(truncate):
     """Responses sampled at T = 0.7 by the engine: the training log-probs of the response
-    tokens are the sampler's, i.e. the ratio against the behaviour policy is 1."""
+    tokens are the sampler's, i.e. the ratio against the behaviour policy is 1. Under top-k
+    / top-p too: the sampler records the untruncated log-prob (samplers.sample_and_stop),
+    so a stale token's importance weight proximal / behaviour is 1 when the policy did not
+    move. Recording the truncated one fails here: it exceeds the trainer's by the log of
+    the mass the truncation dropped (weights biased low by that mass)."""
     temp, Lp, Lr = 0.7, 8, 8
     engine = Engine(CFG, num_slots=4, max_prompt_len=Lp, max_new_tokens=Lr, chunk_size=4,
-                    sampling=SamplingConfig(temperature=temp), slot_bucketing=False,
-                    max_prefill_rows=4)
+                    sampling=SamplingConfig(temperature=temp, **truncate),
+                    slot_bucketing=False, max_prefill_rows=4)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, CFG.vocab_size, n).tolist() for n in (3, 8, 5, 6)]
     reqs = [Request(p, i, s, n) for i, p in enumerate(prompts)

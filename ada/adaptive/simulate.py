@@ -13,12 +13,23 @@ the same sample index see the same response. Lengths are log-normal around `mean
 Time is counted in decode steps: every busy slot emits one token per step. `step()` jumps
 to the next step at which some request finishes (nothing else can change in between, so
 this is exact) and `clock` is the number of decode steps so far.
+
+For the stream (ada/stream.py; experiments/stream_sim.py) the driver also has a policy
+version: `set_params` changes it between two steps, every token records the version it
+was sampled under (`versions`), `step(limit)` stops early (at a trainer's update), and
+`wait(dt)` lets time pass with nothing decoding (a colocated update). `SharedSimDriver`
+holds the requests that wait for a slot, so the head cohort's wait for slots that younger
+cohorts hold can be measured, and can pause younger requests for it (`head_first`).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Iterator
+import heapq
+import itertools
+import sys
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -38,6 +49,8 @@ class SimCompletion:
     logprobs: tuple = ()
     finish_reason: str = "eos"
     num_tokens: int = 0
+    seq: int = -1  # the driver's submission number
+    versions: tuple = ()  # per token: the policy version it was sampled under
 
 
 def sim_reward(prompt: SimPrompt, text: str) -> float:
@@ -63,16 +76,28 @@ class SimulatedPolicy:
         return correct, length
 
 
+@dataclasses.dataclass
+class _Request:
+    seq: int
+    left: int  # tokens still to emit
+    completion: SimCompletion  # what it returns, less its versions
+    versions: list = dataclasses.field(default_factory=list)  # [[version, tokens], ...]
+    rank: int = 0  # SharedSimDriver: its cohort
+
+
 class SimulatedDriver:
     """A slot engine: `num_slots` requests decode in parallel, one token per step each."""
 
-    def __init__(self, policy: SimulatedPolicy, num_slots: int):
+    def __init__(self, policy: SimulatedPolicy, num_slots: int, version: int = 0):
         if num_slots < 1:
             raise ValueError(f"num_slots={num_slots} must be >= 1")
-        self.policy, self.num_slots = policy, num_slots
-        self.clock = 0  # decode steps so far
+        self.policy, self.num_slots, self.version = policy, num_slots, int(version)
+        self.clock = 0  # decode steps so far (with `wait`'s idle ones)
+        self.idle_steps = 0  # of which nothing decoded (`wait`)
         self.busy_slot_steps = 0  # sum over steps of busy slots (utilisation numerator)
-        self._slots: list[list] = []  # [remaining, completion]
+        self.carried_tokens = 0  # tokens of running requests at a weight change
+        self._seq = itertools.count()
+        self._slots: list[_Request] = []
 
     def free_slots(self) -> int:
         return self.num_slots - len(self._slots)
@@ -80,25 +105,141 @@ class SimulatedDriver:
     def keep_prompts(self, prompt_ids) -> None:
         """Nothing to keep: a simulated draw has no prefill."""
 
-    def submit(self, request) -> None:
+    def submit(self, request) -> int:
         if not self.free_slots():
             raise RuntimeError("submit() with no free slot; check free_slots() first")
-        correct, length = self.policy.outcome(request.prompt, request.sample_idx)
-        c = SimCompletion(prompt_id=request.prompt_id, sample_idx=request.sample_idx,
-                          text="1" if correct else "0", num_tokens=length)
-        self._slots.append([length, c])
+        r = self._request(request)
+        self._slots.append(r)
+        return r.seq
 
-    def step(self) -> list[SimCompletion]:
+    def _request(self, request) -> _Request:
+        correct, length = self.policy.outcome(request.prompt, request.sample_idx)
+        seq = next(self._seq)
+        return _Request(seq, length, SimCompletion(
+            prompt_id=request.prompt_id, sample_idx=request.sample_idx,
+            text="1" if correct else "0", num_tokens=length, seq=seq))
+
+    def set_params(self, params, version: int) -> None:
+        """New weights between two steps: running requests go on, their next tokens under
+        `version` (ada.sampling.driver.Driver.set_params)."""
+        del params
+        self.carried_tokens += sum(r.completion.num_tokens - r.left for r in self._slots)
+        self.version = int(version)
+
+    def release(self, weights: bool = True) -> None:
+        """Nothing to free: a simulated driver holds nothing on a chip (Driver.release)."""
+
+    def close(self) -> None:
+        """Abandon what runs (Driver.close)."""
+        self._slots.clear()
+
+    def wait(self, dt: int) -> None:
+        """`dt` steps pass with nothing decoding (the trainer holds the devices)."""
+        self.clock += int(dt)
+        self.idle_steps += int(dt)
+
+    def stats(self) -> dict:
+        return {"useful_token_steps": self.busy_slot_steps, "carried_tokens": self.carried_tokens,
+                "computed_token_steps": (self.clock - self.idle_steps) * self.num_slots}
+
+    def step(self, limit: int | None = None) -> list[SimCompletion]:
+        """Decode until a request finishes, or `limit` steps; returns what finished."""
         if not self._slots:
             return []
-        dt = min(s[0] for s in self._slots)
+        dt = min(r.left for r in self._slots)
+        dt = dt if limit is None else min(dt, int(limit))
+        self._advance(dt)
+        done = [r for r in self._slots if r.left == 0]
+        self._slots = [r for r in self._slots if r.left > 0]
+        return [dataclasses.replace(r.completion, versions=tuple(itertools.chain.from_iterable(
+            itertools.repeat(v, n) for v, n in r.versions))) for r in done]
+
+    def _advance(self, dt: int) -> None:
         self.clock += dt
         self.busy_slot_steps += dt * len(self._slots)
-        for s in self._slots:
-            s[0] -= dt
-        done = [s[1] for s in self._slots if s[0] == 0]
-        self._slots = [s for s in self._slots if s[0] > 0]
-        return done
+        for r in self._slots:
+            r.left -= dt
+            if r.versions and r.versions[-1][0] == self.version:
+                r.versions[-1][1] += dt
+            else:
+                r.versions.append([self.version, dt])
+
+
+class SharedSimDriver(SimulatedDriver):
+    """The stream's shared slots with the waiting made visible: every request a cohort
+    submits waits here until a slot frees (`free_slots` never runs out), and free slots go
+    to the lowest `rank` first (the stream's cohort step: the oldest), in submission order
+    within one. With the rounds scheduler that is where ada/stream.py's slots go (it resumes
+    the cohorts oldest first after each step, each taking the free slots it needs:
+    tests/test_stream_sim.py holds the two to the same runs), so what this adds is the
+    measure of the head-of-line wait: steps during which the oldest cohort in the driver
+    has requests waiting while younger cohorts hold slots (`hol_steps`, and `hol_slot_steps`
+    counting the slots it waits for).
+
+    `head_first`: younger cohorts yield to the head: while its requests wait, the youngest
+    cohorts' running requests pause (keeping their tokens, at no cost: as if a paged cache
+    kept their pages) and resume when slots free. Not what ada/stream.py does."""
+
+    def __init__(self, policy: SimulatedPolicy, num_slots: int, version: int = 0, *,
+                 rank: Callable[[int], int] = lambda seq: 0, head_first: bool = False):
+        super().__init__(policy, num_slots, version)
+        self.rank, self.head_first = rank, head_first
+        self._new: list[_Request] = []  # submitted, not yet ranked (the stream ranks after)
+        self._waiting: list[tuple] = []  # heap of (rank, seq, request)
+        self._waits: collections.Counter = collections.Counter()  # rank -> requests waiting
+        self.hol_steps = self.hol_slot_steps = self.paused = 0
+
+    def free_slots(self) -> int:
+        return sys.maxsize
+
+    def live(self) -> int:
+        """Requests submitted and not finished (running or waiting)."""
+        return len(self._slots) + len(self._waiting) + len(self._new)
+
+    def submit(self, request) -> int:
+        r = self._request(request)
+        self._new.append(r)
+        return r.seq
+
+    def step(self, limit: int | None = None) -> list[SimCompletion]:
+        self._fill()
+        return super().step(limit)
+
+    def _wait(self, r: _Request) -> None:
+        heapq.heappush(self._waiting, (r.rank, r.seq, r))
+        self._waits[r.rank] += 1
+
+    def _fill(self) -> None:
+        for r in self._new:
+            r.rank = self.rank(r.seq)
+            self._wait(r)
+        self._new = []
+        free = self.num_slots - len(self._slots)
+        if self.head_first and self._waiting:
+            head = self._waiting[0][0]
+            short = self._waits[head] - free
+            younger = sorted((r for r in self._slots if r.rank > head),
+                             key=lambda r: (-r.rank, -r.left))[:max(short, 0)]
+            if younger:
+                self.paused += len(younger)
+                out = {r.seq for r in younger}
+                self._slots = [r for r in self._slots if r.seq not in out]
+                for r in younger:
+                    self._wait(r)
+                free += len(younger)
+        for _ in range(min(free, len(self._waiting))):
+            r = heapq.heappop(self._waiting)[2]
+            self._waits[r.rank] -= 1
+            self._slots.append(r)
+
+    def _advance(self, dt: int) -> None:
+        if self._waiting:
+            head = min(self._waiting[0][0], min((r.rank for r in self._slots), default=sys.maxsize))
+            held = sum(r.rank > head for r in self._slots)
+            if self._waits[head] and held:
+                self.hol_steps += dt
+                self.hol_slot_steps += dt * min(self._waits[head], held)
+        super()._advance(dt)
 
 
 def pass_rate_mix(name: str, rng: np.random.Generator, size: int) -> np.ndarray:

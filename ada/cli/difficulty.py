@@ -3,8 +3,11 @@
 
     python -m ada.data.difficulty --input train.jsonl --output hard.jsonl \
         (--model HF_DIR | --workdir RUN_DIR [--step S]) --k 16 --preset hard \
-        [--min-pass-rate R] [--max-pass-rate R] [--[no-]require-one-correct] \
-        [--template qwen25_math] [--max-new-tokens N] [--temperature 1.0] [--cache PATH]
+        [--min_pass_rate R] [--max_pass_rate R] [--[no-]require_one_correct] \
+        [--template qwen25_math] [--max_new_tokens N] [--temperature 1.0] [--cache PATH] \
+        [--problem_key question --answer_format gsm8k]
+
+Flags are written --a_b as in the other commands; the --a-b spellings still work.
 
 Runs length filter -> dedup -> unparseable gold -> pass rates -> keep. Pass rates come from
 `ada.evaluation.pass_rates`: k draws per prompt through the run's engine (`setup.make_engine`),
@@ -26,59 +29,61 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import os
 from collections.abc import Sequence
 
 from ada import config as cfglib
 from ada import paths
+from ada.cli import args as cli_args
 from ada.config import DEFAULT_CONFIG, ConfigError, fail
-
-log = logging.getLogger(__name__)
 
 MODEL_DEFAULTS = {"template": "qwen25_math", "max_prompt_tokens": 1024, "max_new_tokens": 1024}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = cli_args.Parser(
         prog="python -m ada.data.difficulty",
         description="Filter a prompt file by the policy's own pass rate (dedup, unparseable "
-                    "gold and difficulty, as in the paper); resumable through --cache.")
+                    "gold and difficulty, as in the paper); resumable through --cache.",
+        epilog=cli_args.ALIASES)
     p.add_argument("--input", required=True, help="JSONL or Parquet file of problems")
     p.add_argument("--output", required=True, help="JSONL file for the kept records")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", default="", help="a local Hugging Face model directory")
     src.add_argument("--workdir", default="", help="a run directory (its latest checkpoint)")
     p.add_argument("--step", type=int, default=None, help="with --workdir: checkpoint step")
-    p.add_argument("--dtype", default="", help="with --model: float32 | bfloat16")
+    p.add_argument("--dtype", default="", help="with --model: float32 | bfloat16 (default: "
+                   "the config's model.dtype)")
     p.add_argument("--k", type=int, default=16, help="samples per prompt (paper: 16)")
     p.add_argument("--preset", choices=("hard", "easy"), default="hard",
                    help="hard: solved once, pass rate <= 0.125; easy: solved once, <= 0.3125")
-    p.add_argument("--min-pass-rate", type=float, default=None)
-    p.add_argument("--max-pass-rate", type=float, default=None)
-    p.add_argument("--require-one-correct", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--min_pass_rate", type=float, default=None,
+                   help="keep prompts whose pass rate is at least this (default: the preset's)")
+    p.add_argument("--max_pass_rate", type=float, default=None,
+                   help="keep prompts whose pass rate is at most this (default: the preset's)")
+    p.add_argument("--require_one_correct", "--require-one-correct",
+                   action=argparse.BooleanOptionalAction, default=None,
+                   help="keep only prompts solved at least once (default: the preset's, yes)")
     p.add_argument("--template", default=None, help="ada.templates name (--model default: "
                    f"{MODEL_DEFAULTS['template']}; --workdir: the run's)")
     p.add_argument("--instruction", default=None, help="replaces the template's instruction")
-    p.add_argument("--max-prompt-tokens", type=int, default=None,
+    p.add_argument("--max_prompt_tokens", type=int, default=None,
                    help=f"longer prompts are dropped (--model default "
                         f"{MODEL_DEFAULTS['max_prompt_tokens']}; --workdir: data.max_prompt_len)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--max_new_tokens", type=int, default=None,
                    help=f"--model default {MODEL_DEFAULTS['max_new_tokens']}; --workdir: "
                         "sampling.max_new_tokens")
     p.add_argument("--temperature", type=float, default=None, help="default 1.0 / the run's")
-    p.add_argument("--top-k", type=int, default=None, help="default 0 (off) / the run's")
-    p.add_argument("--top-p", type=float, default=None, help="default 1.0 / the run's")
+    p.add_argument("--top_k", type=int, default=None, help="default 0 (off) / the run's")
+    p.add_argument("--top_p", type=float, default=None, help="default 1.0 / the run's")
     p.add_argument("--reward", default=None,
                    help="math | arithmetic | countdown | package.module:function (--model "
                         "default math; --workdir: the run's)")
     p.add_argument("--cache", default="", help="pass-rate cache (default OUTPUT.passrates.jsonl)")
-    p.add_argument("--problem-key", default="problem")
-    p.add_argument("--answer-key", default="answer")
-    p.add_argument("--answer-format", choices=("plain", "gsm8k"), default="plain")
-    p.add_argument("--num-slots", type=int, default=None,
+    cli_args.add_columns(p, "the run's data.problem_key / data.answer_key")
+    p.add_argument("--num_slots", type=int, default=None,
                    help="engine decode slots (default 64 / the run's sampling.num_slots)")
-    p.add_argument("--prompts-per-call", type=int, default=64,
+    p.add_argument("--prompts_per_call", type=int, default=64,
                    help="prompts per sampling call and per cache flush")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the step key)")
     return p
@@ -86,12 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_args(args) -> None:
     """Cheap checks first, so a typo fails before a model is loaded."""
-    for name in ("k", "num_slots", "prompts_per_call", "max_prompt_tokens", "max_new_tokens"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
-    if not os.path.isfile(args.input):
-        raise ConfigError(f"--input {args.input}: no such file")
+    cli_args.check_values(args, ("k", "num_slots", "prompts_per_call", "max_prompt_tokens",
+                                 "max_new_tokens"))
+    if args.top_k is not None and args.top_k < 0:
+        raise ConfigError(f"--top_k {args.top_k} must be >= 0 (0: off)")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ConfigError(f"--top_p {args.top_p} must be in (0, 1] (1: off)")
+    if args.model and args.step is not None:
+        raise ConfigError("--step needs --workdir (a run's checkpoint); an HF model has none")
+    if args.workdir and args.dtype:
+        raise ConfigError("--dtype is for --model; a run samples in its own model.dtype")
     if args.workdir and not paths.path(args.workdir).joinpath("config.json").is_file():
         raise ConfigError(f"--workdir {args.workdir} is not a run directory (no config.json)")
     if args.model and not os.path.isdir(args.model):
@@ -131,7 +140,7 @@ def run(args) -> dict:
     """The command's work; returns the summary it prints."""
     from ada import setup
     from ada.data.preprocess import EASY_FILTER, HARD_FILTER, preprocess
-    from ada.data.sources import DataError, RecordFormat, load_records, write_jsonl
+    from ada.data.sources import DataError, write_jsonl
     from ada.evaluation import pass_rates
     from ada.models.hf_config import check_vocab
     from ada.rollout import Rollout
@@ -146,16 +155,15 @@ def run(args) -> dict:
     try:
         cfg = dataclasses.replace(cfg, **over)
     except ValueError as e:
-        raise ConfigError(f"--min-pass-rate / --max-pass-rate: {e}") from None
+        raise ConfigError(f"--min_pass_rate / --max_pass_rate: {e}") from None
     config = policy_config(args)
     try:
         get_template(config.tokenizer.template)
     except ValueError as e:
         raise ConfigError(f"--template: {e}") from None
     reward = setup.load_reward(setup.reward_spec(config), "--reward")
-    records = load_records(args.input, RecordFormat(problem_key=args.problem_key,
-                                                    answer_key=args.answer_key,
-                                                    answer_format=args.answer_format))
+    records = cli_args.load_file("--input", args.input, args, config.data.problem_key,
+                                 config.data.answer_key)
     policy = setup.load_run(args.workdir or None, args.step, config=config)
     try:
         check_template_tokens(policy.tokenizer, config.tokenizer.template)
@@ -168,7 +176,7 @@ def run(args) -> dict:
                                                  args.instruction)
     if not records_fit:
         raise DataError(f"{args.input}: none of {len(records)} prompts fits "
-                        f"--max-prompt-tokens {max_len}")
+                        f"--max_prompt_tokens {max_len}")
     engine = setup.make_engine(config, policy.model_cfg, policy.tokenizer)
     rollout = Rollout(engine, policy.tokenizer, None, reward)
     cache = args.cache or args.output + ".passrates.jsonl"
@@ -198,7 +206,9 @@ def run(args) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from ada import quiet
+
+    quiet.quiet_start()
     try:
         summary = run(args)
     except (ValueError, FileNotFoundError) as e:  # ConfigError, DataError, CheckpointError

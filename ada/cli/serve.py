@@ -30,6 +30,7 @@ from typing import Any
 
 from ada import config as cfglib
 from ada import paths
+from ada.cli import args as cli_args
 from ada.config import DEFAULT_CONFIG, ConfigError, fail
 
 EXAMPLE_PROBLEM = "What is 12 + 34?"
@@ -39,11 +40,11 @@ EPILOG = """examples:
   ada-serve --model /models/Qwen2.5-Math-1.5B --template qwen25_math --port 9000
 
 Text requests are problems, rendered with the run's template (or --template); it prints
-a one-line client command once it listens."""
+a one-line client command once it listens. """ + cli_args.ALIASES
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = cli_args.Parser(
         prog="ada-serve", description="Serve a run's checkpoint or a Hugging Face model with "
                                       "JetStream's gRPC server (pip install 'ada[jetstream]').",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,10 +52,11 @@ def parser() -> argparse.ArgumentParser:
     what.add_argument("--workdir", help="a run directory (its config.json and checkpoints/)")
     what.add_argument("--model", help="a Hugging Face model directory instead of a run")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    p.add_argument("--config", default="", help="config for --model (default configs/default.py)")
+    p.add_argument("--config", default="",
+                   help="with --model: its config file (default: configs/default.py)")
     p.add_argument("--template", default="",
                    help="prompt template for text requests (default: the run's / config's)")
-    p.add_argument("--port", type=int, default=9000)
+    p.add_argument("--port", type=int, default=9000, help="TCP port to listen on (default 9000)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default loopback; 0.0.0.0 or [::] serves the network)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
@@ -92,6 +94,8 @@ def resolve(args) -> tuple[Any, str, int | None]:
     before any weight is read."""
     if args.workdir:
         wd = args.workdir
+        if args.config:
+            raise ConfigError("--config is for --model; a run is served with its own config.json")
         if not paths.path(wd).joinpath("config.json").is_file():
             raise ConfigError(f"--workdir {wd} is not a run directory (no config.json); train one "
                               f"with python -m ada.runner --workdir {wd}, or pass --model HF_DIR")
@@ -150,12 +154,7 @@ def load_served(args, config, label: str, step: int | None) -> Served:
         get_template(template)
     except ValueError as e:
         raise ConfigError(f"--template: {e}") from None
-    for name in ("num_slots", "max_new_tokens", "max_prompt_len"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name} {value} must be >= 1")
-    if args.temperature < 0:
-        raise ConfigError(f"--temperature {args.temperature} must be >= 0 (0: greedy)")
+    cli_args.check_values(args, ("num_slots", "max_new_tokens", "max_prompt_len"))
     config.sampling.num_slots = args.num_slots
     if args.mesh:
         try:
@@ -194,18 +193,20 @@ def client_example(host: str, port: int, text: str = EXAMPLE_PROBLEM, max_tokens
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from ada import quiet
+
+    quiet.quiet_start()
     try:
         if importlib.util.find_spec("jetstream") is None:
             raise ConfigError("ada-serve needs JetStream (google-jetstream), which is not "
                               "installed; install the extra: pip install 'ada[jetstream]'")
-        from ada import distributed
-
-        distributed.cpu_only_without_accelerators()  # no libtpu start-up noise on a CPU
         resolved = resolve(args)
         check_port(args.host, args.port)
         served = load_served(args, *resolved)
     except ConfigError as e:
         return fail(e)
+    with quiet.native_stderr_held():  # JetStream loads TensorFlow, whose libraries print
+        import ada.sampling.jetstream_adapter  # noqa: F401
     from ada.sampling.serving import serve
 
     server = serve(served.engine, served.params, served.tokenizer, args.host, args.port,

@@ -4,9 +4,12 @@ Every user error (a bad config, path, data file or flag, or a resume whose confi
 what the run's checkpoints hold) ends the command with one line, `error: ...` naming the
 thing and the fix, and exit code 2, before anything compiles; a start that fails leaves no
 empty output directory behind. A run that cannot go on (a full disk, non-finite updates)
-ends with one line and exit code 1. SIGTERM and SIGINT (Ctrl-C) stop after the current step
-with a checkpoint and one line saying how to resume (exit 143, the "restart me" code, and
-130; a second signal: at once); exit 0 means train.steps was reached (ada/preemption.py).
+ends with one line and exit code 1. SIGTERM and SIGINT (Ctrl-C) before training (from the
+first instant: the handler is installed before anything heavy is imported) end the command at
+once with one line; during training the first says at once which step the run stops after,
+and it stops there with a checkpoint and one line saying how to resume (exit 143, the
+"restart me" code, and 130; a second signal: at once); exit 0 means train.steps was reached
+(ada/preemption.py). `--print` validates and prints the command(s), and runs nothing.
 In a multi-process run a process that fails tells the others, which stop within seconds; a
 lost one ends them within distributed.timeout_s (ada/watch.py, docs/reliability.md).
 """
@@ -25,8 +28,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from ada import config as cfglib
-from ada.config import DEFAULT_CONFIG, ConfigError, fail
+from ada.preemption import Preemption, exit_code  # the standard library only: installed first
 
 TRAIN_EPILOG = """examples:
   python -m ada.runner --workdir runs/default                   # the embedded default
@@ -34,7 +36,8 @@ TRAIN_EPILOG = """examples:
   python -m ada.runner --config configs/qwen25_math_7b.py:ada_balance --workdir runs/q7b \\
       --config.model.path=/models/Qwen2.5-Math-7B --config.train.steps=300
   python -m ada.runner --config configs/default.py --print_config   # see every knob
-  python -m ada.runner --sweep configs/sweep_methods.py --workdir runs/sweep --print
+  python -m ada.runner --config configs/default.py:grpo --workdir runs/grpo --print  # dry run
+  python -m ada.runner --sweep configs/sweep_methods.py:0,1 --workdir runs/sweep --print
 
 Any config value can be overridden with --config.a.b=value. Methods (the :arg of a
 config file, or --config.method): grpo, dapo, ada_pos, ada_balance, exhaustive (see
@@ -49,6 +52,20 @@ lost process of a multi-process run; 2 bad input (docs/reliability.md)."""
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = shlex.join(["python", "-m", "ada.runner", *argv])
+    # a signal from now until training: one line, exit 143 / 130 (`import jax` takes seconds)
+    preemption = Preemption(command).install()
+    try:
+        return parse_and_run(argv, command, preemption)
+    finally:
+        if preemption.signum is None:  # after a stop, a second signal still exits at once
+            preemption.uninstall()
+
+
+def parse_and_run(argv: list[str], command: str, preemption: Preemption) -> int:
+    from ada import config as cfglib
+    from ada.config import DEFAULT_CONFIG, ConfigError, fail
+
     try:
         overrides, rest = cfglib.parse_override_args(argv)
         p = argparse.ArgumentParser(prog="python -m ada.runner",
@@ -58,8 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--config", default=DEFAULT_CONFIG,
                        help="configs/FILE.py[:arg] (default: configs/default.py, the embedded default)")
         p.add_argument("--workdir", help="output directory (metrics, checkpoints, plots)")
-        p.add_argument("--sweep", help="configs/sweep_*.py: run each point (or --print the commands)")
-        p.add_argument("--print", action="store_true", help="with --sweep: print commands, run nothing")
+        p.add_argument("--sweep", help="configs/sweep_*.py[:arg]: run each point (or --print the "
+                                        "commands)")
+        p.add_argument("--print", action="store_true",
+                       help="validate and print the command (with --sweep: one per point), run "
+                            "nothing")
         p.add_argument("--print_config", action="store_true",
                        help="print every knob of the resolved config, one a line with what it "
                             "does, and exit")
@@ -70,8 +90,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="resume a run with settings that change its recipe or what its "
                             "checkpoints hold (recorded in config_history.jsonl)")
         args = p.parse_args(rest)
+        if args.diff and not args.print_config:
+            raise ConfigError("--diff only works with --print_config (--print_config --diff "
+                              "lists the knobs that differ from configs/common.py base())")
         if args.sweep:
-            return sweep(args.sweep, args.workdir, overrides, print_only=args.print)
+            cmds = sweep_commands(args.sweep, args.workdir, overrides)
+            if args.print:
+                print("\n".join(shlex.join(cmd) for cmd in cmds))
+                return 0
+            preemption.uninstall()  # each point handles its own signals
+            return run_sweep(cmds)
         config = cfglib.build_config(args.config, overrides)
         if args.print_config:
             print(cfglib.describe(config, diff=args.diff))
@@ -82,25 +110,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfglib.validate(config, args.workdir)
     except ConfigError as e:
         return fail(e)
-    command = shlex.join(["python", "-m", "ada.runner", *argv])
     try:
-        return run(config, args, command)
+        if args.print:
+            extra = ["--force_config"] if args.force_config else []
+            print(shlex.join(run_command(args.config, overrides, args.workdir, extra)))
+            return 0
+        return run(config, args, command, preemption)
     finally:
         if not existed:
             remove_if_empty(args.workdir)
 
 
-def run(config, args, command: str) -> int:
+def run_command(spec: str, overrides, workdir: str, extra: Sequence[str] = ()) -> list[str]:
+    """The command line that trains config `spec` with `overrides` in `workdir`."""
+    from ada import config as cfglib
+
+    return [sys.executable, "-m", "ada.runner", "--config", spec,
+            *cfglib.overrides_to_args(dict(overrides)), *extra, "--workdir", workdir]
+
+
+def run(config, args, command: str, preemption: Preemption) -> int:
     """Train in this process, with the signal handling, the watch of the other processes and
     the one-line stops of the module docstring."""
-    from ada import distributed, watch
+    from ada import distributed, quiet, watch
     from ada.checkpoint import StorageError
+    from ada.config import ConfigError, fail
     from ada.loop import RunError, train
-    from ada.preemption import Preemption, exit_code
 
-    # a signal now: exit at once
-    preemption = Preemption(command, config.checkpoint.preemption_budget_s).install()
-    distributed.cpu_only_without_accelerators()
+    preemption.budget_s = config.checkpoint.preemption_budget_s
+    preemption.watched()  # a signal now: exit at once, and tell the run's other processes
+    quiet.quiet_start()  # the quiet logging every command shares, JAX on the CPU without an accelerator
     # an absurd optim.lr overflows float32 when compiled; the loop reports what follows in one line
     warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
     try:
@@ -129,9 +168,6 @@ def run(config, args, command: str) -> int:
     except Exception as e:
         watch.crash(e)  # another process's failure or loss, when it was the cause, ends this one
         raise
-    finally:
-        if preemption.signum is None:  # after a stop, a second signal still exits at once
-            preemption.uninstall()
     preemption.done()
     if summary.get("stopped"):
         if distributed.is_main():
@@ -151,32 +187,36 @@ def remove_if_empty(workdir: str) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def sweep(spec: str, workdir: str | None, overrides, *, print_only: bool) -> int:
-    """Run (or print) one `python -m ada.runner` per sweep point, each validated first."""
+def sweep_commands(spec: str, workdir: str | None, overrides) -> list[list[str]]:
+    """One `python -m ada.runner` per point of sweep file `spec`, each validated."""
+    from ada import config as cfglib
+    from ada.config import ConfigError
+
     if not workdir:
         raise ConfigError("--sweep needs --workdir (each run goes to a subdirectory)")
     base, runs = cfglib.load_sweep(spec)
     cmds = []
     for r in runs:
         wd = os.path.join(workdir, cfglib.sweep_name(r))
-        point = cfglib.overrides_to_args(r)
-        cfg = cfglib.build_config(base, [*cfglib.parse_override_args(point)[0], *overrides])
-        cfglib.validate(cfg, wd)
-        cmds.append([sys.executable, "-m", "ada.runner", "--config", base, *point,
-                     *cfglib.overrides_to_args(dict(overrides)), "--workdir", wd])
-    for cmd in cmds:
-        if print_only:
-            print(shlex.join(cmd))
-            continue
-        print("+", shlex.join(cmd), flush=True)
-        # Ctrl-C reaches the run, which stops after its step with its own line; the sweep
-        # then stops with it, without a traceback of its own
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
+        point = [*cfglib.parse_override_args(cfglib.overrides_to_args(r))[0], *overrides]
+        cfglib.validate(cfglib.build_config(base, point), wd)
+        cmds.append(run_command(base, point, wd))
+    return cmds
+
+
+def run_sweep(cmds: list[list[str]]) -> int:
+    """Run the points one after another; a point that does not end with exit 0 (130: it was
+    interrupted) ends the sweep with its code."""
+    # Ctrl-C reaches the run (the terminal signals the whole process group), which says and
+    # does what it does alone; the sweep then stops with it, without a traceback of its own
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for cmd in cmds:
+            print("+", shlex.join(cmd), flush=True)
             rc = subprocess.call(cmd, preexec_fn=lambda: signal.signal(signal.SIGINT,
                                                                        signal.SIG_DFL))
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        if rc:
-            return rc
+            if rc:
+                return rc
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return 0

@@ -223,7 +223,8 @@ def _read_jsonl(path: Path, fmt: RecordFormat, on_bad_row: str):
                         "re-encode the file as UTF-8",
                     ) from None
                 try:
-                    row = json.loads(text)
+                    row = json.loads(text.rstrip("\r\n"))  # else an unclosed row's error
+                    # points past its newline: column 1 of the next line
                 except json.JSONDecodeError as e:
                     raise _BadRow("bad-json", f"malformed JSON ({e.msg} at column {e.colno})") from None
                 if not isinstance(row, dict):

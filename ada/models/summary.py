@@ -43,8 +43,14 @@ def inspect_checkpoint(path: str | os.PathLike) -> dict:
     except CheckpointError as e:
         info.update(loadable=False, problem=str(e))
         return info
-    info.update(
-        loadable=True,
+    info.update(loadable=True, **model_info(config))
+    return info
+
+
+def model_info(config) -> dict:
+    """The shape numbers of a ModelConfig that `format_info` prints (an HF checkpoint's, or
+    a run's: ada/cli/inspect_model.py)."""
+    return dict(
         family=config.family,
         num_layers=config.num_layers,
         hidden_size=config.hidden_size,
@@ -57,7 +63,6 @@ def inspect_checkpoint(path: str | os.PathLike) -> dict:
         rope_theta=config.rope_theta,
         rope_scaling=config.rope_scaling.rope_type if config.rope_scaling else None,
     )
-    return info
 
 
 def _read_raw(path):
@@ -82,10 +87,10 @@ def _human(n: float) -> str:
 
 def format_info(info: dict) -> str:
     lines = [f"{'path':<18} {info['path']}"]
-    order = ("family", "architecture", "model_type", "num_parameters", "dtype", "num_layers",
+    order = ("method", "step", "checkpoint", "family", "architecture", "model_type", "num_parameters", "dtype", "num_layers",
              "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
              "vocab_size", "tied_embeddings", "rope_theta", "rope_scaling", "num_tensors",
-             "num_shards", "size_bytes", "loadable", "problem")
+             "num_shards", "size_bytes", "loadable", "problem", "hf")
     for key in order:
         if key not in info:
             continue

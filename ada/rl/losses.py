@@ -26,6 +26,7 @@ import jax.numpy as jnp
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 STALE_OBJECTIVES = ("decoupled", "naive")
+IS_WEIGHT_RULES = ("truncate", "filter")
 LOG_RATIO_CLAMP = 20.0  # as verl: keeps exp() finite for wildly off-policy tokens
 K3_CLAMP = 10.0  # as verl's low_var_kl
 
@@ -48,6 +49,10 @@ class LossConfig:
     # "naive" takes the behaviour log-probs as PPO's old log-probs (`is_weights`).
     stale_objective: str = "decoupled"
     is_weight_cap: float = 2.0
+    # a weight above the cap: "truncate" sets it to the cap (the token still trains, as in
+    # truncated importance sampling); "filter" sets it to 0 (the token does not train, as
+    # the AReaL paper's decoupled objective)
+    is_weight_rule: str = "truncate"
 
     def __post_init__(self):
         problems = []
@@ -69,6 +74,9 @@ class LossConfig:
         if not self.is_weight_cap >= 1:
             problems.append(f"is_weight_cap={self.is_weight_cap} must be >= 1 (the weight of "
                             "a token the proximal policy likes more than the sampler did)")
+        if self.is_weight_rule not in IS_WEIGHT_RULES:
+            problems.append(f"is_weight_rule={self.is_weight_rule!r} is not one of "
+                            f"{IS_WEIGHT_RULES}")
         if problems:
             raise ValueError("invalid LossConfig: " + "; ".join(problems))
 
@@ -121,22 +129,45 @@ def ppo_clip_terms(logp_BxT, old_logp_BxT, adv_BxT, config: LossConfig) -> dict[
             "clipped": clipped, "dual_clipped": dual_clipped}
 
 
-def is_weights(proximal_logp_BxT, behav_logp_BxT, lag_BxT, cap: float) -> dict[str, jax.Array]:
-    """Decoupled PPO's truncated importance weight of each token (AReaL): proximal /
-    behaviour, capped at `cap`, for tokens sampled `lag` > 0 versions ago. A token of the
-    proximal version itself has weight 1 exactly (its behaviour policy is the proximal one;
-    the sampler's and the trainer's numerics may differ, which is not staleness). The
-    log-ratio is clipped before exp(), so no weight overflows; a non-finite one (a behaviour
-    log-prob of -inf or NaN) gives weight 0: that token does not train.
-    Returns weight, truncated (the cap applied) and nonfinite [B, T]."""
+def is_weights(proximal_logp_BxT, behav_logp_BxT, lag_BxT, cap: float,
+               rule: str = "truncate") -> dict[str, jax.Array]:
+    """Decoupled PPO's importance weight of each token (AReaL): proximal / behaviour for
+    tokens sampled `lag` > 0 versions ago, and above `cap` by `rule` (IS_WEIGHT_RULES):
+    "truncate" gives the cap, "filter" gives 0 (the AReaL paper's choice: the token does not
+    train). A token of the proximal version itself has weight 1 exactly (its behaviour
+    policy is the proximal one; the sampler's and the trainer's numerics may differ, which
+    is not staleness). The log-ratio is clipped before exp(), so no weight overflows; a
+    non-finite one (a behaviour log-prob of -inf or NaN) gives weight 0: that token does
+    not train. Returns weight, truncated (over the cap: truncated or filtered, by the rule)
+    and nonfinite [B, T]."""
+    if rule not in IS_WEIGHT_RULES:
+        raise ValueError(f"unknown importance-weight rule {rule!r}; choose one of "
+                         f"{IS_WEIGHT_RULES}")
     stale = lag_BxT > 0
     log_w = jax.lax.stop_gradient(proximal_logp_BxT) - behav_logp_BxT
     finite = jnp.isfinite(log_w)
     log_cap = jnp.log(jnp.float32(cap))
+    over = stale & finite & (log_w > log_cap)
     w = jnp.exp(jnp.minimum(jnp.where(finite, log_w, 0.0), log_cap))
-    return {"weight": jnp.where(stale, jnp.where(finite, w, 0.0), 1.0),
-            "truncated": stale & finite & (log_w > log_cap),
-            "nonfinite": stale & ~finite}
+    keep = finite & ~over if rule == "filter" else finite
+    return {"weight": jnp.where(stale, jnp.where(keep, w, 0.0), 1.0),
+            "truncated": over, "nonfinite": stale & ~finite}
+
+
+def stale_terms(proximal_logp_BxT, behav_logp_BxT, lag_BxT,
+                config: LossConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """PPO's old log-probs and the importance weights (`is_weights`) of a batch that holds
+    stale tokens (a stream), by config.stale_objective: "decoupled" keeps the proximal
+    log-probs as the old ones (`policy_loss` then weighs each term); "naive" takes a stale
+    token's behaviour log-prob instead where it is finite (the weights are then metrics
+    only). Returns (old_logp [B, T], the weights)."""
+    weight = is_weights(proximal_logp_BxT, behav_logp_BxT, lag_BxT, config.is_weight_cap,
+                        config.is_weight_rule)
+    old = proximal_logp_BxT
+    if config.stale_objective == "naive":
+        usable = (lag_BxT > 0) & jnp.isfinite(behav_logp_BxT)
+        old = jnp.where(usable, behav_logp_BxT, old)
+    return old, weight
 
 
 def kl_penalty(logp_BxT, ref_logp_BxT, estimator: str) -> jax.Array:
@@ -205,7 +236,11 @@ def policy_loss(
     adv_BxT = jnp.broadcast_to(advantages_B.astype(jnp.float32)[:, None], mask.shape)
     terms = ppo_clip_terms(logp_BxT, old_logp_BxT, adv_BxT, c)
     weigh = is_weight is not None and c.stale_objective == "decoupled"
-    pg_loss = agg(is_weight["weight"] * terms["loss"] if weigh else terms["loss"])
+    pg_loss = agg(terms["loss"])
+    if weigh:  # plus the stale tokens' correction: exactly 0 when every weight is 1 (k = 0),
+        # so the loss is then the unweighted one bit for bit (w x term would not be: another
+        # fusion of the sum)
+        pg_loss = pg_loss + agg((is_weight["weight"] - 1.0) * terms["loss"])
     loss = pg_loss
     metrics = {
         "pg_loss": pg_loss,

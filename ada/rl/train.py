@@ -49,7 +49,7 @@ from jax.sharding import PartitionSpec as P
 
 from ada import sharding as shd
 from ada.models.transformer import ModelConfig, forward, param_shapes, project_logits
-from ada.rl.losses import LossConfig, denominators, is_weights, logp_and_entropy, policy_loss
+from ada.rl.losses import LossConfig, denominators, logp_and_entropy, policy_loss, stale_terms
 from ada.rl.optimizer import OptimConfig, all_finite, guarded_update, lr_schedule, make_optimizer
 
 REQUIRED_KEYS = ("tokens", "positions", "mask", "response_mask", "advantages")
@@ -230,10 +230,7 @@ def loss_fn(params, micro, denoms, model_cfg: ModelConfig, config: TrainConfig, 
     old = jax.lax.stop_gradient(logp) if config.on_policy else micro["old_logp"]
     weight = None
     if "lag" in micro:  # tokens of older policies (a stream)
-        weight = is_weights(old, micro["behav_logp"], micro["lag"], config.loss.is_weight_cap)
-        if config.loss.stale_objective == "naive":  # the sampler's log-probs as PPO's old
-            usable = (micro["lag"] > 0) & jnp.isfinite(micro["behav_logp"])
-            old = jnp.where(usable, micro["behav_logp"], old)
+        old, weight = stale_terms(old, micro["behav_logp"], micro["lag"], config.loss)
     return policy_loss(logp, old, micro["advantages"], micro["response_mask"], config.loss,
                        entropy_BxT=entropy, ref_logp_BxT=micro.get("ref_logp"), denoms=denoms,
                        is_weight=weight)

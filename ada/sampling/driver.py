@@ -71,13 +71,14 @@ class Completion:
     sample_idx: int
     token_ids: list[int]
     text: str
-    logprobs: list[float]  # of the sampled-from distribution (see samplers.py)
+    logprobs: list[float]  # the policy's, untruncated by top-k / top-p (samplers.py)
     finish_reason: str  # "eos" | "length" | "error"
     prompt_tokens: list[int]
     error: str | None = None
     seq: int = -1  # submission number, from Driver.submit
-    # the policy version (Driver.version: updates applied) each token was sampled under; a
-    # response that spans a weight update (ada/stream.py) has two
+    # the policy version (Driver.version: updates applied) of the logits each token was
+    # drawn from; a response that spans a weight update (ada/stream.py) has two, the first
+    # token after the update still of the old ones (drawn from the chunk before's logits)
     versions: list[int] = dataclasses.field(default_factory=list)
 
     @property
@@ -93,6 +94,9 @@ class _Slot:
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
+    # the version of the logits its next token is drawn from: the prefill's, then each
+    # chunk's last forward pass (a chunk's first token comes from the chunk before)
+    logits_version: int = 0
 
 
 class Driver:
@@ -302,7 +306,8 @@ class Driver:
     def start(self, slot: int, seq: int, request: Request, filled: int) -> None:
         """Record an admitted request running in `slot` (its cache holds `filled`
         positions)."""
-        self._slots[slot] = _Slot(request=request, seq=seq, prompt_bucket=filled)
+        self._slots[slot] = _Slot(request=request, seq=seq, prompt_bucket=filled,
+                                  logits_version=self.version)
 
     def requeue(self, slot: int) -> None:
         """A preempted request: its slot is free, the request back at the queue's front
@@ -338,7 +343,11 @@ class Driver:
             keep = valid[slot]
             s.tokens.extend(tokens[slot][keep].tolist())
             s.logprobs.extend(logprobs[slot][keep].tolist())
-            s.versions.extend([self.version] * int(np.sum(keep)))
+            # a token's version is that of the logits it was drawn from: the first of the
+            # chunk from the last chunk's (the old weights after set_params), the rest ours
+            n = int(np.sum(keep))
+            s.versions.extend([s.logits_version] * min(n, 1) + [self.version] * (n - 1))
+            s.logits_version = self.version
             if not active[slot]:
                 eos = bool(s.tokens) and s.tokens[-1] in self.engine.eos_ids
                 done.append(self._finish(slot, "eos" if eos else "length"))

@@ -96,7 +96,7 @@ class Chunk:
     """The result of K decode steps for b slots."""
 
     tokens: jax.Array  # [b, K] int32
-    logprobs: jax.Array  # [b, K] float32 (of the sampled-from distribution, see samplers)
+    logprobs: jax.Array  # [b, K] float32: the policy's, untruncated by top-k / top-p (samplers)
     valid: jax.Array  # [b, K] bool: token belongs to the response
     active: jax.Array  # [b] bool: slot still generating after the chunk
     window: int = struct.field(pytree_node=False, default=0)  # cache positions attended
@@ -299,6 +299,7 @@ class Engine:
         self._sampling_params = jax.jit(self._sampling_fn)
         self._handoffs: dict[Mesh, Any] = {}  # replica mesh -> jitted sampling_params
         self._request_key = jax.jit(request_key)
+        self._init = jax.jit(self._empty_state, out_shardings=self.state_placement())
 
     def driver_backend(self, driver):
         """The Driver's host side over this engine: a prefix LRU, refills by insert_many,
@@ -353,21 +354,35 @@ class Engine:
 
     # -- the contract --------------------------------------------------------
 
-    def init_decode_state(self) -> DecodeState:
+    def _empty_state(self) -> DecodeState:
         B, V = self.num_slots, self.config.vocab_size
-        state = DecodeState(
-            cache=init_cache(self.config, B, self.cache_len),
-            logits=jnp.zeros((B, V), jnp.float32),
-            positions=jnp.zeros((B,), jnp.int32),
-            generated=jnp.zeros((B,), jnp.int32),
-            max_new=jnp.zeros((B,), jnp.int32),
-            active=jnp.zeros((B,), bool),
-            keys=jnp.zeros((B, 2), jnp.uint32),
-        )
-        # Committed like generate's outputs, so insert sees one input signature (one compile).
-        shardings = (self.state_shardings() if self.mesh is not None
-                     else jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
-        return jax.device_put(state, shardings)
+        vec = lambda dtype=jnp.int32: jnp.zeros((B,), dtype)
+        return DecodeState(cache=init_cache(self.config, B, self.cache_len),
+                           logits=jnp.zeros((B, V), jnp.float32), positions=vec(),
+                           generated=vec(), max_new=vec(), active=vec(bool),
+                           keys=jnp.zeros((B, 2), jnp.uint32))
+
+    def state_placement(self):
+        """Where the decode state lives (its shardings on the mesh, else the first local
+        device): committed like generate's outputs, so insert compiles once per bucket."""
+        return (self.state_shardings() if self.mesh is not None
+                else jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+
+    def init_decode_state(self) -> DecodeState:
+        """The empty decode state, born sharded: one jitted init (compiled once per engine)
+        whose outputs are laid out by `state_placement`, so each chip allocates its own
+        shard. Zeros made eagerly and then placed would first hold the whole cache on one
+        chip (tests/test_born_sharded.py)."""
+        return self._init()
+
+    def abstract_state(self) -> DecodeState:
+        """The state as ShapeDtypeStructs with its shardings: for lowering."""
+        return jax.eval_shape(self._init)
+
+    def lower_init(self):
+        """The init lowered for the engine's devices (abstract TPU chips too): its
+        `compile().memory_analysis()` is the decode state's bytes per chip."""
+        return self._init.lower()
 
     def check_prompt(self, tokens) -> str | None:
         """Why a prompt cannot be served (None when it can)."""
@@ -416,7 +431,7 @@ class Engine:
     def prefill(self, params, prompts: list) -> Prefix:
         """Prefill a list of prompts (token-id lists) once; row i is prompts[i]."""
         tokens, mask = self.pad_prompts(prompts)
-        return self._prefill(params, jnp.asarray(tokens), jnp.asarray(mask))
+        return self._prefill(params, tokens, mask)  # from the host to where params lie
 
     def insert(self, prefix: Prefix, state: DecodeState, slot: int, *, row: int = 0,
                key: jax.Array | None = None, max_new_tokens: int | None = None) -> DecodeState:
@@ -470,14 +485,14 @@ class Engine:
     def compiles(self) -> dict[str, int]:
         """Compilations made so far, per function (jit's own cache sizes)."""
         out = {}
-        for name in ("prefill", "insert", "insert_many", "move", "generate"):
+        for name in ("init", "prefill", "insert", "insert_many", "move", "generate"):
             fn = getattr(self, f"_{name}")
             out[name] = int(fn._cache_size())
         return out
 
     def num_buckets(self) -> dict[str, int]:
         """How many shape buckets each function can see (the bound on its compiles)."""
-        return {"prefill": len(self.prompt_buckets) * len(self.row_buckets),
+        return {"init": 1, "prefill": len(self.prompt_buckets) * len(self.row_buckets),
                 "insert": len(self.prompt_buckets) * len(self.row_buckets),
                 "insert_many": (len(self.prompt_buckets) * len(self.row_buckets)
                                 * len(self.insert_buckets)),

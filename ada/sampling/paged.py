@@ -288,6 +288,7 @@ class PagedEngine:
                                               unembed_copy=self.choices.unembed_copy)
         self._sampling_params = jax.jit(self._sampling_fn)
         self._handoffs: dict = {}  # replica mesh -> jitted sampling_params (prepare_params)
+        self._init = jax.jit(self._empty_state, out_shardings=self.state_placement())
 
     def driver_backend(self, driver):
         """The Driver's host side over this engine: admission, prefix pages, growth and
@@ -319,13 +320,11 @@ class PagedEngine:
     param_shardings = Engine.param_shardings
     prepare_params = Engine.prepare_params
 
-    def abstract_state(self) -> PagedState:
-        """The state as ShapeDtypeStructs (with the mesh's shardings): for lowering."""
-        shapes = jax.eval_shape(self._empty_state)
-        if self.mesh is None:
-            return shapes
-        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                            shapes, self.state_shardings())
+    # Born sharded as the dense state is (Engine.init_decode_state): one jitted init.
+    state_placement = Engine.state_placement
+    init_state = init_decode_state = Engine.init_decode_state
+    abstract_state = Engine.abstract_state
+    lower_init = Engine.lower_init
 
     def lower_generate(self, params, filled: int | None = None, num_steps: int | None = None):
         """generate's jitted chunk lowered for abstract (ShapeDtypeStruct) or real params at
@@ -350,13 +349,6 @@ class PagedEngine:
                           lengths=jnp.zeros((B,), jnp.int32), logits=jnp.zeros((B, V), jnp.float32),
                           generated=jnp.zeros((B,), jnp.int32), max_new=jnp.zeros((B,), jnp.int32),
                           active=jnp.zeros((B,), bool), keys=jnp.zeros((B, 2), jnp.uint32))
-
-    def init_state(self) -> PagedState:
-        shardings = (self.state_shardings() if self.mesh is not None
-                     else jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
-        return jax.device_put(self._empty_state(), shardings)
-
-    init_decode_state = init_state
 
     def prefill(self, params, state: PagedState, prompts: list, prompt_pages: list):
         """Prefill prompts[i] into prompt_pages[i] (PromptPages; at most row_buckets[-1] of
@@ -433,4 +425,4 @@ class PagedEngine:
     def compiles(self) -> dict[str, int]:
         """Compilations made so far, per function (jit's own cache sizes)."""
         return {name: int(getattr(self, f"_{name}")._cache_size())
-                for name in ("prefill", "attach", "stop", "generate")}
+                for name in ("init", "prefill", "attach", "stop", "generate")}

@@ -4,8 +4,15 @@ The sampling distribution is built in the transformers order — temperature, th
 then top-p — and renormalised. `sample` returns, with each token, its log-probability under
 *that* distribution (the one actually sampled from: temperature-scaled and truncated), not
 under the raw model distribution. For greedy decoding (temperature 0) it is the raw
-log-softmax of the chosen token. The RL code recomputes the policy's own log-probs anyway;
-these are the behaviour-policy log-probs of the sampler.
+log-softmax of the chosen token.
+
+What the engines record (`sample_and_stop`, Completion.logprobs) is instead the policy's
+untruncated log-prob, log softmax(logits / temperature) of the token: the trainer's log-prob
+(ada/rl/losses.py: logp_and_entropy), the same whether or not top-k / top-p cut the draw.
+A stream's stale token is weighed by proximal / behaviour (losses.is_weights); that weight
+is meant to measure how far the policy moved since the token was drawn, and a fresh token's
+is 1. With the truncated log-prob as the behaviour one, every stale token would also be
+weighed down by the mass the truncation dropped, which a fresh token never is.
 
 Randomness is one key per row, so a row's draw does not depend on the other rows.
 """
@@ -135,16 +142,26 @@ def inverse_cdf(w_BxV: jax.Array, u01_B: jax.Array, block: int = 128,
     return ((j_B // nb_s) * per + (j_B % nb_s) * block + i_B).astype(jnp.int32)
 
 
+def policy_logprob(logits_BxV: jax.Array, tokens_B: jax.Array, temperature: float) -> jax.Array:
+    """log softmax(logits / temperature) [B] of each row's token, untruncated: the trainer's
+    log-prob of it (float32, scaled after the cast, as losses.logp_and_entropy)."""
+    z_BxV = logits_BxV.astype(jnp.float32) / temperature
+    z_B = jnp.take_along_axis(z_BxV, tokens_B[:, None], axis=-1)[:, 0]
+    return z_B - jax.nn.logsumexp(z_BxV, axis=-1)
+
+
 def sample_and_stop(state, sampling: SamplingConfig, eos_ids: tuple[int, ...],
                     vocab_shards: int = 1):
     """One decode step's sampling and stop rules, the same for every KV cache: each slot's
     token drawn from its logits with its request's key folded with the tokens it has
     generated (so a token does not depend on the slot or the batch), then whether the slot
     stays active (it drew, the token is no EOS, it is under its max_new). `state` has
-    `logits`, `keys`, `generated`, `max_new` and `active`. Returns (tokens, logprobs, valid:
-    the slots that drew, generated, active)."""
+    `logits`, `keys`, `generated`, `max_new` and `active`. Returns (tokens, logprobs: the
+    policy's untruncated ones (module doc), valid: the slots that drew, generated, active)."""
     keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
     tokens_B, logprobs_B = sample(state.logits, keys, sampling, vocab_shards=vocab_shards)
+    if not sampling.greedy and (sampling.top_k or sampling.top_p < 1.0):
+        logprobs_B = policy_logprob(state.logits, tokens_B, sampling.temperature)
     valid_B = state.active
     generated = state.generated + valid_B.astype(jnp.int32)
     is_eos = (jnp.isin(tokens_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids

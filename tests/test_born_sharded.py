@@ -1,0 +1,116 @@
+"""The decode state is born sharded (issue 42, item 1): the dense cache and the page pool,
+with the logits, positions or lengths, counters, keys and the active flags, are made by one
+jitted init whose outputs are the state's shardings, so no chip ever holds more than its
+shard. Before, the state was made eagerly with jnp.zeros on one device and then placed:
+at the 1.5B preset's "most that fit" slots on v5e:2x2, chip 0 would first have held the
+whole ~40 GiB cache.
+
+On a (data 2, tensor 2) CPU mesh, the dense and the paged engine run the Driver through
+init, prefill and insert (attach), a chunk and the release of finished slots with every
+device-to-device transfer refused (explicit ones too: `device_put` from one device onto the
+shards is one), and after each phase every state leaf holds exactly its shard on each
+device and no live array of a state leaf's full shape lies on one device. Remove the jitted
+init (jnp.zeros then device_put, as it was) and the init phase fails at the guard: the cache
+made on device 0 is moved onto its shards.
+
+For v5e the init compiled for an abstract 2x2 slice (libtpu; skipped where it cannot load)
+outputs one shard of the state per chip: its bytes up to the TPU's tile padding of the
+small vectors, a quarter of the whole."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from ada import roofline, tpu
+from ada import sharding as shd
+from ada.models import preset
+from ada.models.known import known
+from ada.models.transformer import init_params
+from ada.sampling.driver import Driver, Request
+from ada.sampling.engine import Engine
+from ada.sampling.paged import PagedEngine
+
+ENGINE = dict(num_slots=4, max_prompt_len=8, max_new_tokens=8, chunk_size=4, num_windows=1)
+KINDS = pytest.mark.parametrize("kind", ["dense", "paged"])
+
+
+def _engine(kind, config, mesh, page_size=4, **kw):
+    kw = dict(ENGINE, mesh=mesh, **kw)
+    return Engine(config, **kw) if kind == "dense" else PagedEngine(config, page_size=page_size,
+                                                                    **kw)
+
+
+def _check_phase(engine, state, phase):
+    """Each state leaf holds exactly its shard on every device (the cache or pool a quarter
+    of it), and no live array of a sharded leaf's full shape lies on one device."""
+    shardings = engine.state_shardings()
+    whole = set()
+    for (path, x), sh in zip(jax.tree_util.tree_leaves_with_path(state),
+                             jax.tree.leaves(shardings), strict=True):
+        name = f"{phase}: {jax.tree_util.keystr(path)}"
+        assert x.sharding.is_equivalent_to(sh, x.ndim), (name, x.sharding, sh)
+        shard = math.prod(sh.shard_shape(x.shape)) * x.dtype.itemsize
+        assert {s.data.nbytes for s in x.addressable_shards} == {shard}, name
+        if x.ndim == 4:  # a layer's cache or pool: over data and tensor
+            assert shard * 4 == x.nbytes, name
+        if shard < x.nbytes:
+            whole.add((x.shape, x.dtype))
+    single = [(a.shape, a.dtype, a.sharding) for a in jax.live_arrays()
+              if (a.shape, a.dtype) in whole and len(a.sharding.device_set) == 1]
+    assert not single, (phase, single[:3])
+
+
+@KINDS
+def test_decode_state_is_born_sharded(kind):
+    config = preset("tiny", family="qwen2")
+    engine = _engine(kind, config, shd.local_mesh(2, 2))
+    params = engine.prepare_params(init_params(config, jax.random.key(0)))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, config.vocab_size, n).tolist() for n in (5, 8, 3, 7)]
+    # four slots' worth, then prompt 0 again into the first slot released
+    requests = [Request(prompts[i % 4], prompt_id=i % 4, sample_idx=i // 4, max_new_tokens=m)
+                for i, m in enumerate([3, 8, 8, 6, 5])]
+    with jax.transfer_guard_device_to_device("disallow_explicit"):
+        driver = Driver(engine, params, step_key=np.asarray(jax.random.PRNGKey(3)))
+        _check_phase(engine, driver.state, "init")
+        for r in requests:
+            driver.submit(r)
+        driver.backend.fill()  # prefill and insert / attach
+        _check_phase(engine, driver.state, "insert")
+        done, steps = [], 0
+        while driver.busy():  # chunks, and the release of finished slots
+            done += driver.step()
+            _check_phase(engine, driver.state, f"step {steps}")
+            steps += 1
+    assert sorted(len(c.token_ids) for c in done) == [3, 5, 6, 8, 8]
+    assert engine.compiles()["init"] == 1
+
+
+def test_init_on_a_v5e_slice_outputs_one_shard_per_chip():
+    """The init compiled for an abstract v5e:2x2 slice (mesh data 2, tensor 2; shapes like
+    the 1.5B preset's per chip: head dim 128, bfloat16): per chip its outputs are one shard
+    of the state (exact up to the TPU's tile padding of the [slots] vectors), a quarter of
+    the whole state; what `lower_init` gives the planner."""
+    try:
+        devices, _ = tpu.tpu_devices("v5e:2x2")
+    except tpu.LibtpuUnavailable as e:
+        pytest.skip(str(e))
+    config = known("qwen2.5-math-1.5b").replace(
+        hidden_size=256, intermediate_size=512, num_heads=12, num_kv_heads=2, vocab_size=4160,
+        num_layers=2, dtype="bfloat16", param_dtype="bfloat16")
+    mesh = shd.make_mesh((2, 1, 2), devices)
+    for kind in ("dense", "paged"):
+        engine = _engine(kind, config, mesh, page_size=16, num_slots=16, max_prompt_len=128,
+                         max_new_tokens=128)
+        state = engine.abstract_state()
+        leaves = jax.tree.leaves(state)
+        shard = roofline.device_bytes(state)
+        whole = sum(x.size * x.dtype.itemsize for x in leaves)
+        out = engine.lower_init().compile().memory_analysis().output_size_in_bytes
+        # the output tuple's 8-byte pointers, and at most a 4 KiB tile per padded leaf
+        assert shard + 8 * len(leaves) <= out <= shard + (8 + 4096) * len(leaves), (kind, out)
+        assert 3.9 * out < whole, (kind, out, whole)
