@@ -134,7 +134,11 @@ def ledger(resident: dict[str, int], transient: dict[str, int], in_flight: bool,
         if hbm:
             phases[name]["fits"] = total <= hbm
     peak = max(phases, key=lambda n: phases[n]["bytes_per_chip"])
+    # if a save's copy to the host outlasted the save into the next collection
+    overlap = resident.get("checkpoint_staging", 0) + max(
+        phases[n]["bytes_per_chip"] for n in ("prefill", "generate"))
     return dict(phases=phases, peak_phase=peak, peak_bytes=phases[peak]["bytes_per_chip"],
+                staging_beside_collection_bytes=overlap,
                 policy="cohorts in flight keep the sampler through the update" if in_flight
                 else "the sampler frees its decode state and weights before the update")
 

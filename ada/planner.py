@@ -2,7 +2,7 @@
 
     python -m ada.plan --config configs/qwen25_math_7b.py:ada_balance --topology v5e:4x4 \
         [--model qwen2.5-math-7b] [--config.sampling.num_slots=64] [--json plan.json]
-    python -m ada.plan --devices 8 --config.mesh.data=-1 [--hbm-gib 16]   # configs/default.py
+    python -m ada.plan --devices 8 --config.mesh.data=-1 [--hbm_gib 16]   # configs/default.py
 
 The config is read as the runner reads it, the model's shapes from `model.path`'s config.json,
 `--model NAME` (ada/models/known.py) or the preset. Four programs, each as the run builds it,

@@ -202,7 +202,7 @@ def disaggregated(p: dict, tokens_per_step: float, hbm: float | None) -> dict | 
     fitting = [sp for sp in splits if sp["fits"]]
     return dict(tokens_per_step=tokens_per_step, sample_chip_s=sample_cs, train_chip_s=train_cs,
                 train_from="the compiled train step" if e.get("train_step_s") else
-                "the model's flops at peak (--no-train-estimate)",
+                "the model's flops at peak (--no_train_estimate)",
                 colocated_step_s=(sample_cs + train_cs) / chips + reshard,
                 best=min(fitting, key=lambda sp: sp["step_s"], default=None), splits=splits,
                 balanced_sampler_share=sample_cs / (sample_cs + train_cs),

@@ -210,6 +210,7 @@ class Stream:
         reqs = [Request(prompt_tokens=r["prompt_tokens"], prompt_id=pid, sample_idx=j,
                         step_key=jax.random.key_data(key))
                 for r, pid in zip(records, prompt_ids, strict=True) for j in range(k)]
+        before = self._driver_counters()
         where = {self.driver.submit(r): i for i, r in enumerate(reqs)}
         outs: list = [None] * len(reqs)
         with jax.default_device(self.device):
@@ -219,6 +220,8 @@ class Stream:
                     if c.seq in where:
                         outs[where.pop(c.seq)] = c
                 self._deliver([c for c in got if c.seq in self.owner])
+        after = self._driver_counters()  # the eval's work is not the next batch's
+        self._counters = {n: v + after[n] - before[n] for n, v in self._counters.items()}
         if not self.in_flight():
             self.driver.release(weights=False)
         return [outs[i * k:(i + 1) * k] for i in range(len(records))]

@@ -123,8 +123,20 @@ def test_cpu_plan(capsys, tmp_path):
     # the train state stays on the chip through the rollout: the sampling phases fit beside it
     t, ph = p["phases"]["train"], p["phases"]
     state = t["arguments_bytes"] - t["batch_bytes"]
-    assert ph["prefill"]["held_bytes"] == ph["generate"]["held_bytes"] == state
+    # ... and the sampler's prefix caches, at their bound (ada/memory.py)
+    mem = p["memory"]
+    prefixes = mem["resident"]["prefix_caches"]
+    assert ph["prefill"]["held_bytes"] == ph["generate"]["held_bytes"] == state + prefixes
     assert ph["reshard"]["held_bytes"] == state - t["params_bytes"]  # it reads the params
+    # the memory ledger: every phase by its parts, the peak phase named; at k = 0 the update
+    # has the chips to itself (the sampler freed its decode state and weights)
+    assert set(mem["phases"]) == {"init", "prefill", "generate", "update", "handoff", "eval",
+                                  "save"}
+    assert all(f["bytes_per_chip"] == sum(f["parts"].values()) for f in mem["phases"].values())
+    assert mem["peak_bytes"] == max(f["bytes_per_chip"] for f in mem["phases"].values())
+    update = mem["phases"]["update"]["parts"]
+    assert set(update) == {"train_params", "optimizer_state", "train_batch", "update_temporaries"}
+    assert f"peak: {mem['peak_phase']}" in out and "memory per chip, phase by phase" in out
 
 
 def test_progress_redraws_on_a_terminal_and_prints_lines_in_a_log():
@@ -276,7 +288,7 @@ ENTRY %main (p: f32[256,128], q: f32[256,128]) -> f32[256,128] {
     (["--devices", "8", "--config.sampling.num_slots=12"], "num_slots=12 does not split"),
     (["--devices", "8", "--config.sampling.num_slots=0"], "sampling.num_slots=0"),
     (["--devices", "0"], "--devices 0: give 1 or more"),
-    (["--devices", "8", "--hbm-gib", "-1"], "--hbm-gib -1: give the GiB per chip, above 0"),
+    (["--devices", "8", "--hbm-gib", "-1"], "--hbm_gib -1: give the GiB per chip, above 0"),
     # a KV cache past HBM by itself is caught before compiling, with how many slots could fit
     (["--devices", "8", "--hbm-gib", "0.005", "--config.sampling.num_slots=4096"],
      "sampling.num_slots=4096 cannot fit 0.005 GiB per chip: its KV cache takes 0.25 GiB"),

@@ -4,7 +4,7 @@ reported); this is its command line.
 
     python -m ada.plan --config configs/qwen25_math_7b.py:ada_balance --topology v5e:4x4 \
         [--model qwen2.5-math-7b] [--config.sampling.num_slots=64] [--json plan.json]
-    python -m ada.plan --devices 8 --config.mesh.data=-1 [--hbm-gib 16]   # configs/default.py
+    python -m ada.plan --devices 8 --config.mesh.data=-1 [--hbm_gib 16]   # configs/default.py
 
 Exit status: 0 every phase fits (or no HBM to compare with), 1 some phase does not (the JSON
 is written), 2 a user error, one `error: ...` line and nothing written.
@@ -25,6 +25,7 @@ import jax
 
 from ada import config as cfglib
 from ada import paths, planner
+from ada.cli import args as cli_args
 from ada.config import DEFAULT_CONFIG, ConfigError
 from ada.hlo_bytes import explain
 from ada.planner import GIB, check_config, fits, make_plan
@@ -154,6 +155,10 @@ def memory_lines(mem: dict, hbm: float | None) -> list[str]:
             ph["parts"].items(), key=lambda kv: -kv[1]))
         verdict = "" if hbm is None else "  fits" if ph["fits"] else "  DOES NOT FIT"
         out.append(f"  {name:8s} {gib(ph['bytes_per_chip']):>7s}  {parts}{verdict}")
+    if hbm and mem["staging_beside_collection_bytes"] > hbm:
+        out.append(f"  note: a save's staging copy still on the chip when the next collection "
+                   f"starts would take it to {gib(mem['staging_beside_collection_bytes'])} GiB; "
+                   "the plan assumes the copy to the host ends before it")
     out.append(f"  peak: {mem['peak_phase']} ({gib(mem['peak_bytes'])} GiB per chip)"
                + (f"; paged gather attention carries a dense window per layer "
                   f"({gib(mem['gather_windows_bytes'])} GiB) through generate"
@@ -266,19 +271,19 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ada.plan", description=planner.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli_args.Parser(prog="python -m ada.plan", description=planner.__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=DEFAULT_CONFIG, help="configs/FILE.py[:arg]")
     on = ap.add_mutually_exclusive_group(required=True)
     on.add_argument("--topology", help="a TPU slice, e.g. v5e:4x4: the real TPU compiler")
     on.add_argument("--devices", type=int, help="N fake CPU devices: XLA:CPU")
     ap.add_argument("--model", help="a known model's shapes (ada/models/known.py) instead")
-    ap.add_argument("--hbm-gib", type=float, help="HBM to compare with (default: the chip's)")
+    ap.add_argument("--hbm_gib", type=float, help="HBM to compare with (default: the chip's)")
     ap.add_argument("--json", help="write the plan to this file")
     ap.add_argument("--run", metavar="WORKDIR", help="plan the paged cache's slots at this run's "
                     "observed mean response length (its metrics.jsonl) when "
                     "sampling.mean_response_len is 0")
-    ap.add_argument("--no-train-estimate", action="store_true", help="skip the train step's "
+    ap.add_argument("--no_train_estimate", action="store_true", help="skip the train step's "
                     "roofline (its probe compiles take most of a plan's time)")
     ap.add_argument("--explain", type=int, nargs="?", const=15, default=0, metavar="N",
                     help="also list the decode step's and the prefill's N heaviest op groups "
@@ -295,7 +300,7 @@ def main(argv=None) -> int:
             config.sampling.mean_response_len = observed_response_len(args.run)
         chip = args.topology and parse_topology(args.topology)
         if args.hbm_gib is not None and args.hbm_gib <= 0:
-            raise ConfigError(f"--hbm-gib {args.hbm_gib:g}: give the GiB per chip, above 0")
+            raise ConfigError(f"--hbm_gib {args.hbm_gib:g}: give the GiB per chip, above 0")
         hbm = (args.hbm_gib or (CHIPS[chip][1] if chip else 0)) * GIB or None
         with contextlib.suppress(RuntimeError):  # this machine's backend: the TPUs only compile
             jax.config.update("jax_platforms", "cpu")
