@@ -304,13 +304,15 @@ class Checkpointer:
         state, meta = self._restore(step, jax.tree.map(_abstract, target))
         return state, meta, step
 
-    def restore_params(self, step: int | None = None) -> tuple[dict, dict]:
+    def restore_params(self, step: int | None = None, *, host: bool = False) -> tuple[dict, dict]:
         """Restore the stored pytree onto this process's first device, whatever mesh wrote
-        it (no target needed; for export, eval and comparisons)."""
+        it (no target needed; for export, eval and comparisons). host: as numpy arrays,
+        on no device (the sampler places them shard by shard: Engine.prepare_params)."""
         step = self._complete(step)
         md = stored_tree(self.directory / str(step))
         one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), md)
+        target = jax.tree.map(lambda m: np.empty(tuple(m.shape), m.dtype) if host else
+                              jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), md)
         return self._restore(step, target)
 
     def _complete(self, step: int | None) -> int:

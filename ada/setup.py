@@ -394,7 +394,7 @@ def load_run(workdir: str | None, step: int | None = None, *, config=None) -> Lo
     tokenizer = load_tokenizer_for(built, task)
     model_cfg = model_config_for(built, tokenizer)
     if step is not None:
-        params = ckpt.restore_params(step)[0]["params"]
+        params = ckpt.restore_params(step, host=True)[0]["params"]  # placed by the sampler
         policy = paths.join(ckpt.directory, str(step))
     else:
         if task is None and built.warmstart.enabled:

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from ada import roofline, tpu
+from ada.checkpoint import Checkpointer
 from ada import sharding as shd
 from ada.models import preset
 from ada.models.known import known
@@ -114,3 +115,44 @@ def test_init_on_a_v5e_slice_outputs_one_shard_per_chip():
         # the output tuple's 8-byte pointers, and at most a 4 KiB tile per padded leaf
         assert shard + 8 * len(leaves) <= out <= shard + (8 + 4096) * len(leaves), (kind, out)
         assert 3.9 * out < whole, (kind, out, whole)
+
+
+@KINDS
+def test_host_and_one_device_masters_are_placed_before_the_cast(kind, tmp_path):
+    """A float32 master on the host (a checkpoint restored as setup.load_run restores it
+    for ada.evaluate, ada-serve and the difficulty filter) or on one device is placed onto
+    its shards first and cast there to bfloat16: with every device-to-device transfer
+    refused, each decode-form leaf has the engine's sharding, no live array holds a whole
+    master or decode-form leaf on one device (beyond the caller's own one-device master),
+    and the values are the one-device cast's, bit for bit. The old path (cast where they
+    lie, on device 0, then `device_put`) fails at the guard: the whole decode-form copy on
+    device 0 is moved onto its shards."""
+    config = preset("tiny", family="qwen2").replace(dtype="bfloat16", param_dtype="float32")
+    engine = _engine(kind, config, shd.local_mesh(2, 2))
+    master = init_params(config, jax.random.key(0))
+    want = jax.device_get(jax.jit(engine._sampling_fn)(master))
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, {"params": master}, {})
+    host = ckpt.restore_params(1, host=True)[0]["params"]
+    ckpt.close()
+    assert all(type(x) is np.ndarray for x in jax.tree.leaves(host))
+    one = jax.device_put(host, jax.devices()[0])
+    del master
+    shardings = engine.param_shardings(host)
+    # the caller's own buffers (on CPU a device_get is a view of them, held by live arrays)
+    callers = {x.unsafe_buffer_pointer() for x in jax.tree.leaves(one)}
+    for name, params in (("host", host), ("one device", one)):
+        with jax.transfer_guard_device_to_device("disallow_explicit"):
+            prepared = engine.prepare_params(params)
+        whole = {(x.shape, x.dtype) for x in jax.tree.leaves(params) + jax.tree.leaves(prepared)}
+        for (path, x), sh in zip(jax.tree_util.tree_leaves_with_path(prepared),
+                                 jax.tree.leaves(shardings), strict=True):
+            assert x.sharding.is_equivalent_to(sh, x.ndim), (name, jax.tree_util.keystr(path))
+        single = [(a.shape, a.dtype) for a in jax.live_arrays()
+                  if (a.shape, a.dtype) in whole and len(a.sharding.device_set) == 1
+                  and a.unsafe_buffer_pointer() not in callers and a.size > 1]
+        assert not single, (name, single[:3])
+        for a, b in zip(jax.tree.leaves(prepared), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), b)
+    assert {x.dtype for x in jax.tree.leaves(host)} == {np.dtype(np.float32)}
+    assert {x.dtype for x in jax.tree.leaves(prepared)} == {jax.numpy.dtype("bfloat16")}

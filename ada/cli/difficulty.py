@@ -179,12 +179,13 @@ def run(args) -> dict:
                         f"--max_prompt_tokens {max_len}")
     engine = setup.make_engine(config, policy.model_cfg, policy.tokenizer)
     rollout = Rollout(engine, policy.tokenizer, None, reward)
+    params = engine.prepare_params(policy.params)  # onto the sampler's shards, once
     cache = args.cache or args.output + ".passrates.jsonl"
     settings = setup.pass_rate_settings(config, policy.policy, cfg.k, args.instruction, args.seed)
     counts = {}
 
     def rates(recs):
-        out, c = pass_rates(recs, rollout, policy.params, k=cfg.k, seed=args.seed,
+        out, c = pass_rates(recs, rollout, params, k=cfg.k, seed=args.seed,
                             threshold=config.adaptive.positive_threshold, cache_path=cache,
                             settings=settings, prompts_per_call=args.prompts_per_call)
         counts.update(c)

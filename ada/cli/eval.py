@@ -114,8 +114,6 @@ def eval_config(args, overrides=()):
 
 
 def evaluate_run(args, overrides=()) -> dict:
-    import jax
-
     from ada import setup
     from ada.evaluation import evaluate_policy
     from ada.rollout import Rollout
@@ -145,8 +143,9 @@ def evaluate_run(args, overrides=()) -> dict:
     e = config.eval
     engine = setup.make_engine(config, run.model_cfg, run.tokenizer, temperature=e.temperature,
                                max_new_tokens=e.max_new_tokens or config.sampling.max_new_tokens)
-    out = evaluate_policy(Rollout(engine, run.tokenizer, None, reward), jax.device_put(run.params),
-                          encoded, samples=e.samples, pass_k=e.pass_k,
+    params = engine.prepare_params(run.params)  # from the host onto the sampler's shards, once
+    out = evaluate_policy(Rollout(engine, run.tokenizer, None, reward), params, encoded,
+                          samples=e.samples, pass_k=e.pass_k,
                           threshold=config.adaptive.positive_threshold, seed=config.seed)
     out.update(step=run.step or 0, num_prompts=len(encoded), dropped_prompts=len(too_long),
                samples=e.samples, temperature=e.temperature, pass_k=list(e.pass_k),

@@ -37,11 +37,11 @@ step copies no cache-sized buffer; tests/test_decode_hlo.py), with S = largest p
 tokens follow.
 
 Params: `Engine.prepare_params` brings them once per set of weights, in one jitted call,
-from wherever they lie (the train mesh, one device, the host) to the engine's mesh as
-`sampling_params`: the compute dtype, one buffer per layer, and on CPU a [D, V] copy of a
-tied embedding for the unembedding (`backend_choices`, ada.models.decode_params), read by
-each decode step where it lies. One more copy of the weights (in bfloat16, half the
-master's bytes); the stacked form also works, slower on CPU.
+from wherever they lie (the train mesh; the host or one device, put onto their shards
+first) to the engine's mesh as `sampling_params`: the compute dtype, one buffer per layer,
+and on CPU a [D, V] copy of a tied embedding for the unembedding (`backend_choices`,
+ada.models.decode_params), read by each decode step where it lies. One more copy of the
+weights (in bfloat16, half the master's bytes); the stacked form also works, slower on CPU.
 
 Sampling over a vocabulary split across the tensor axis keeps its blocks inside each shard
 (`vocab_shards`, samplers.inverse_cdf): the [slots, V] logits are never gathered.
@@ -333,16 +333,17 @@ class Engine:
         return shd.param_shardings(jax.eval_shape(self._sampling_fn, params), mesh or self.mesh)
 
     def prepare_params(self, params):
-        """`sampling_params` on the engine's mesh, in one jitted cast + reshard + split. Params
-        sharded over copies of the engine's mesh (`ada.sharding.replica_mesh`: the train
-        mesh, over every process) come out whole on every copy and this process takes its
-        own: no host round trip. Others (one device, the host) are cast where they lie, then
-        placed. Params already in decode form are taken as they are."""
+        """`sampling_params` on the engine's mesh by one jitted cast + reshard + split: from
+        copies of this mesh (the train mesh, `shd.replica_mesh`) each process takes its own;
+        from the host or one chip onto their shards first (not cast whole on a chip)."""
         if in_decode_form(params, self.config, self.choices.unembed_copy):
             return params
         if self.mesh is None:
             return self._sampling_params(params)
         source = getattr(jax.tree.leaves(params)[0], "sharding", None)
+        if source is None or (len(source.device_set) == 1 and self.mesh.devices.size > 1):
+            params = jax.device_put(jax.device_get(params), shd.param_shardings(params, self.mesh))
+        source = jax.tree.leaves(params)[0].sharding
         view = (shd.replica_mesh(self.mesh, source.mesh.devices.flat)
                 if isinstance(source, NamedSharding) else None)
         if view is None:
