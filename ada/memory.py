@@ -13,10 +13,10 @@ writes on the chip first; it lives until the write to the host ends, on a pod we
 the next collection, and is counted in the save phase).
 
 The run's policy (ada/stream.py, `Driver.release`), colocated sampler:
-  - a driver with nothing in flight holds no decode state: it is born at the first fill
-    (sharded, `init_decode_state`) and freed when the last cohort completes and after an
-    eval; with nothing in flight (always at rl.max_staleness = 0) the sampler's weights go
-    too, until the update's hand-off brings the new ones;
+  - a driver's decode state is born at its first fill (sharded, `init_decode_state`); when
+    a batch is handed out with no cohort left sampling (always at rl.max_staleness = 0)
+    the driver frees it, its prefix caches and its weights until the update's hand-off
+    brings new ones, and after an eval with nothing in flight it frees the decode state;
   - with cohorts in flight (k >= 1, while later steps sample) the sampler keeps its
     weights, decode state and prefix caches through the update;
   - eval samples through the stream's driver (the same engine) or, with another
@@ -192,8 +192,7 @@ def plan_memory(config, model_cfg, train_mesh, sampling_mesh, ph: dict, dense, h
         train_batch=tr["batch_bytes"],
         handoff_temporaries=temporaries(rs, rs["arguments_bytes"] + rs.get(
             "outputs_bytes", 0)),
-        prefill_temporaries=temporaries(pf, pf["arguments_bytes"] + pf.get(
-            "outputs_bytes", 0)),
+        prefill_temporaries=temporaries(pf, pf["arguments_bytes"]),  # the new prefix too
         generate_temporaries=temporaries(gen, gen["arguments_bytes"]))
     transient["eval_generate_temporaries"] = transient["generate_temporaries"]
     out = run_memory(config, model_cfg, train_mesh, sampling_mesh, transient)

@@ -164,9 +164,10 @@ def compile_phase(lowered, arguments: int, ops: bool = False) -> dict:
 
 
 def abstract_batch(rows: int, seq_len: int, train_cfg, lead: tuple = (), sharding=None) -> dict:
-    """The train batch as abstract arrays (old_logp / ref_logp when the update reads them)."""
+    """The train batch as abstract arrays (old_logp / ref_logp when the update reads them;
+    behav_logp and lag always: the loop passes each token's version at every k)."""
     keys = (rl.REQUIRED_KEYS + ("old_logp",) * (not train_cfg.on_policy)
-            + ("ref_logp",) * (train_cfg.loss.kl_coef > 0))
+            + ("ref_logp",) * (train_cfg.loss.kl_coef > 0) + ("behav_logp", "lag"))
     return {k: jax.ShapeDtypeStruct(lead + ((rows,) if k == "advantages" else (rows, seq_len)),
                                     rl.BATCH_DTYPES[k], sharding=sharding) for k in keys}
 
@@ -294,8 +295,9 @@ def check_slots(engine, params, held: int, hbm: float) -> None:
         most = max(int(room * n / cache) // d * d, 0)
         raise ConfigError(
             f"sampling.num_slots={n} cannot fit {hbm / GIB:g} GiB per chip: its KV cache takes "
-            f"{cache / GIB:.2f} GiB beside {(hbm - room) / GIB:.2f} GiB of train state and sampler "
-            f"weights; at most {most} could: pass --config.sampling.num_slots={most}"
+            f"{cache / GIB:.2f} GiB beside {(hbm - room) / GIB:.2f} GiB of train state, sampler "
+            f"weights and prefix caches; at most {most} could: pass "
+            f"--config.sampling.num_slots={most}"
             + " and raise sampling.mesh tensor or mesh.fsdp" * (not most))
 
 
@@ -456,7 +458,10 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         p["dense"] = dict(max_slots=p["max_num_slots"], cache_bytes_per_chip=int(
             ph["generate"]["arguments_bytes"] - device_bytes(params)))
         p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]
-        if run_config.rl.max_staleness > 0 and p["max_num_slots"]:  # the update holds slots
+        # cohorts in flight hold the dense cache's slots through the update (a paged pool's
+        # bytes are its pages', whatever its slots)
+        if (run_config.rl.max_staleness > 0 and run_config.sampling.kv_cache == "dense"
+                and p["max_num_slots"]):
             p["max_num_slots"] = min(p["max_num_slots"], memory.update_slots(
                 p["max_num_slots"], data, ph, resident, engine, hbm))
     p["memory"] = memory.plan_memory(run_config, model_cfg, train_mesh, sampling_mesh, ph, engine, hbm)

@@ -200,9 +200,11 @@ class Stream:
         own driver when it is the same engine and colocated (cohorts in flight go on
         sampling meanwhile; a request's tokens depend only on it and its key), else on a
         driver of `rollout`'s engine that shares the stream's weights (colocated; `params`
-        are the trainer's, the version the driver holds). Either way no second copy of the
-        weights, and a second decode state only for another engine (ada.plan: eval's
-        sampler)."""
+        are the trainer's, the version the driver holds): no second copy of the weights,
+        a second decode state only for another engine (ada.plan: eval's sampler). At k >= 1
+        the cohorts in flight advance during an eval (under the same weights), so eval.every
+        changes which of their tokens an update catches midway; k = 0 has none in flight.
+        Disaggregated, eval samples the trainer's `params` on a driver of its own."""
         if self._thread is not None or rollout.engine is not self.driver.engine:
             if self._thread is None and self.driver.params is not None:
                 params = self.driver.params

@@ -178,6 +178,11 @@ def run(config, args, command: str, preemption: Preemption) -> int:
         return exit_code(signal.Signals[summary["stopped"]])  # the agreed signal's
     if distributed.is_main():
         print(json.dumps(summary, default=str))
+    if preemption.signum is not None:  # after the last step (the final save, the export):
+        name = signal.Signals(preemption.signum).name  # the run is whole; a sweep still stops
+        print(f"{name}: received after the run's last step; the run is complete",
+              file=sys.stderr)
+        return exit_code(preemption.signum)
     return 0
 
 

@@ -12,7 +12,7 @@ Batch format (a dict of arrays; one row per selected response, B = P prompts x n
                                 may be absent when on-policy (1 epoch, 1 mini-batch)
   ref_logp       [B, T] float   log-probs under frozen reference params, filled by the same
                                 `add_logps` call; needed when loss.kl_coef > 0
-  behav_logp     [B, T] float   a stream's (rl.max_staleness > 0, ada/stream.py): the
+  behav_logp     [B, T] float   the loop's at every rl.max_staleness (ada/stream.py): the
   lag            [B, T] int     sampler's log-prob of each response token, and how many
                                 policy versions before this update's it was sampled; with
                                 them the loss is loss.stale_objective's (losses.is_weights)

@@ -15,7 +15,7 @@ from ada.sampling.contract import LazyState
 from ada.sampling.slots import Prefix, bucket_for
 
 if TYPE_CHECKING:
-    from ada.sampling.driver import Driver, Request
+    from ada.sampling.driver import Driver
 
 
 class DenseSlots(LazyState):
@@ -36,8 +36,7 @@ class DenseSlots(LazyState):
         """New weights (Driver.set_params): no later request starts from an old prefill."""
         self._prefixes.clear()
 
-    def _prefix_for(self, request: Request):
-        key = (request.prompt_id, tuple(request.prompt_tokens))
+    def _prefix_for(self, key: tuple):
         hit = self._prefixes.get(key)
         if hit is not None:
             self._prefixes.move_to_end(key)
@@ -61,24 +60,19 @@ class DenseSlots(LazyState):
                 del self._prefixes[k]
 
     def fill(self) -> None:
+        """Admit the queued requests: those whose prompt the LRU holds first, then each new
+        prefill call's right after it, so a fill keeps no prefill buffer alive beyond the
+        LRU's (ada/memory.py: prefix_bound). One prefill per distinct new prompt, batched by
+        prompt-length bucket."""
         d = self.d
-        take = []  # (slot, seq, request)
+        waiting: dict[tuple, list] = collections.defaultdict(list)  # prompt -> its requests
         while d.head() is not None:
-            take.append(d.admit())
-        if not take:
-            return
-        # One prefill per distinct new prompt, batched by prompt-length bucket.
-        found: dict[tuple, tuple[Prefix, int]] = {}
-        missing: dict[tuple, None] = {}
-        for _, _, r in take:
-            key = (r.prompt_id, tuple(r.prompt_tokens))
-            hit = self._prefix_for(r)
-            if hit is None:
-                missing[key] = None
-            else:
-                found[key] = hit
+            slot, seq, r = d.admit()
+            waiting[(r.prompt_id, tuple(r.prompt_tokens))].append((slot, seq, r))
+        hits = {key: hit for key in waiting if (hit := self._prefix_for(key)) is not None}
+        self._insert({key: waiting.pop(key) for key in hits}, hits)
         by_bucket: dict[int, list[tuple]] = collections.defaultdict(list)
-        for key in missing:
+        for key in waiting:
             by_bucket[bucket_for(len(key[1]), self.engine.prompt_buckets)].append(key)
         rows = self.engine.row_buckets[-1]
         for keys in by_bucket.values():
@@ -90,16 +84,23 @@ class DenseSlots(LazyState):
                 d.prefilled_tokens += sum(len(k[1]) for k in part)
                 for row, key in enumerate(part):
                     self._remember(key, prefix, row)
-                    found[key] = (prefix, row)
-        # One insert call per prefix (prefill call) and step key for all its requests.
+                self._insert({key: waiting[key] for key in part},
+                             {key: (prefix, row) for row, key in enumerate(part)})
+
+    def _insert(self, taken: dict, where: dict) -> None:
+        """Start each taken request (prompt -> [(slot, seq, request)]) from its prompt's
+        prefill row (`where`: prompt -> (Prefix, row)): one insert call per prefill buffer
+        and step key."""
+        d = self.d
         by_prefix: dict[tuple, tuple[Prefix, object, list]] = {}
-        for slot, seq, r in take:
-            prefix, row = found[(r.prompt_id, tuple(r.prompt_tokens))]
-            step_key = d.key_of(r)
-            group = (id(prefix), np.asarray(step_key).tobytes())
-            by_prefix.setdefault(group, (prefix, step_key, []))[2].append(
-                (slot, row, r.prompt_id, r.sample_idx, d.max_new(r)))
-            d.start(slot, seq, r, prefix.cache.max_len)
+        for key, requests in taken.items():
+            prefix, row = where[key]
+            for slot, seq, r in requests:
+                step_key = d.key_of(r)
+                group = (id(prefix), np.asarray(step_key).tobytes())
+                by_prefix.setdefault(group, (prefix, step_key, []))[2].append(
+                    (slot, row, r.prompt_id, r.sample_idx, d.max_new(r)))
+                d.start(slot, seq, r, prefix.cache.max_len)
         for prefix, step_key, entries in by_prefix.values():
             slots, rows, pids, sidxs, mnts = zip(*entries, strict=True)
             self.state = self.engine.insert_many(prefix, self.state, slots, rows,
