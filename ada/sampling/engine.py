@@ -333,25 +333,25 @@ class Engine:
         return shd.param_shardings(jax.eval_shape(self._sampling_fn, params), mesh or self.mesh)
 
     def prepare_params(self, params):
-        """`sampling_params` on the engine's mesh by one jitted cast + reshard + split: from
-        copies of this mesh (the train mesh, `shd.replica_mesh`) each process takes its own;
-        from the host or one chip onto their shards first (not cast whole on a chip)."""
+        """`sampling_params` on the engine's mesh by one jitted cast + reshard + split: each
+        process takes its own from copies of this mesh (the train mesh, `shd.replica_mesh`);
+        host or one-chip params go onto their shards first (never cast whole on a chip)."""
         if in_decode_form(params, self.config, self.choices.unembed_copy):
             return params
         if self.mesh is None:
             return self._sampling_params(params)
-        source = getattr(jax.tree.leaves(params)[0], "sharding", None)
-        if source is None or (len(source.device_set) == 1 and self.mesh.devices.size > 1):
+        leaf = jax.tree.leaves(params)[0]
+        source = False if isinstance(leaf, jax.core.Tracer) else getattr(leaf, "sharding", None)
+        if source is None or (source and len(source.device_set) == 1 < self.mesh.devices.size):
             params = jax.device_put(jax.device_get(params), shd.param_shardings(params, self.mesh))
-        source = jax.tree.leaves(params)[0].sharding
+            source = jax.tree.leaves(params)[0].sharding
         view = (shd.replica_mesh(self.mesh, source.mesh.devices.flat)
                 if isinstance(source, NamedSharding) else None)
         if view is None:
             return jax.device_put(self._sampling_params(params), self.param_shardings(params))
-        if view not in self._handoffs:
-            self._handoffs[view] = jax.jit(self._sampling_fn,
-                                           out_shardings=self.param_shardings(params, view))
-        return shd.take_replica(self._handoffs[view](params), self.param_shardings(params))
+        cast = self._handoffs.setdefault(view, jax.jit(  # one jit per view: compiled once
+            self._sampling_fn, out_shardings=self.param_shardings(params, view)))
+        return shd.take_replica(cast(params), self.param_shardings(params))
 
     # -- the contract --------------------------------------------------------
 
