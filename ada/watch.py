@@ -94,7 +94,8 @@ import os, re, select, sys, time
 out, pid, n = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 # the distributed runtime's reports; held back a while, dropped if the process then aborts
 held_marks = (b"preemption_sync_manager.cc", b"coordination_service_agent.cc",
-              b"/xla.coordination.CoordinationService/", b"coordination service")
+              b"coordination_service.cc", b"/xla.coordination.CoordinationService/",
+              b"coordination service")
 fatal_marks = (b"Terminating process because the JAX distributed service",
                b"Polled an error from coordination service")
 held, fatal, since, explained = b"", False, 0.0, False
@@ -108,6 +109,11 @@ while True:
     if not chunk:
         break
     if held:
+        own = re.search(rb"(?m)^error: ", chunk)
+        if own:  # ada's own line explains the end: the runtime's report held before it is dropped
+            os.write(out, chunk[own.start():])
+            held, explained = b"", True
+            continue
         held += chunk
     else:
         hits = [chunk.find(m) for m in held_marks + fatal_marks if m in chunk]

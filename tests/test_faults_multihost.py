@@ -249,3 +249,33 @@ def test_bad_data_on_one_host_ends_both_with_exit_2(tmp_path):
     (told,) = [ln for ln in errs[0].splitlines() if ln.startswith("error:")]
     assert told.startswith(f"error: process 1 of 2 failed: {own[len('error: '):]}"), told
     assert "process 0 of 2 stops too" in told
+
+
+def test_the_stderr_filter_drops_a_runtime_report_that_ada_explains():
+    """The coordinator's own service logs its peers as unhealthy when it wakes from a freeze
+    (CI saw it before ada's stall line); ada's line then stands alone. A report with no ada
+    line after it is a passing warning, written out once the process lives on."""
+    from ada.watch import _FILTER
+
+    report = (b"E1206 17:43:06.244426    5095 coordination_service.cc:1549] [1712] Use error "
+              b"polling to propagate the following error to all tasks: UNAVAILABLE: The "
+              b"following tasks are unhealthy (stopped sending heartbeats):\n1\n0\nThe tasks "
+              b"have crashed.\n")
+    own = b"error: process 0 of 2 (this one) was stalled for 6 s\n"
+
+    def through(*chunks):
+        r, w = os.pipe()
+        child = subprocess.Popen([sys.executable, "-c", _FILTER, str(w), "0", "2"],
+                                 stdin=subprocess.PIPE, pass_fds=(w,))
+        os.close(w)
+        for c in chunks:
+            child.stdin.write(c)
+            child.stdin.flush()
+            time.sleep(0.3)
+        child.stdin.close()
+        child.wait(timeout=30)
+        with os.fdopen(r, "rb") as f:
+            return f.read()
+
+    assert through(b"step 3\n", report, own) == b"step 3\n" + own
+    assert through(b"step 3\n", report) == b"step 3\n" + report
