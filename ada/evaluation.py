@@ -120,6 +120,24 @@ def evaluate_policy(rollout: Rollout, params, records: Sequence[dict], *, sample
     return m
 
 
+def weighted_average(results: dict[str, dict]) -> float:
+    """A suite's count-weighted avg@k (the paper's Table 1 "weighted average"): each
+    benchmark's `avg_at_k` weighted by its `n` problems, i.e. the accuracy of all problems
+    pooled, so a 30-problem set moves it as much as its 30 problems do."""
+    total = sum(r["n"] for r in results.values())
+    if not total:
+        raise ValueError("a weighted average needs at least one problem")
+    return sum(r["avg_at_k"] * r["n"] for r in results.values()) / total
+
+
+def settings_diff(old: dict, new: dict) -> str:
+    """The settings of `new` that `old` (read back from JSON) does not share, as "key: old
+    then, new now" (empty when none): why saved results are refused rather than mixed."""
+    new = json.loads(json.dumps(new))  # tuples as lists, as read back
+    return ", ".join(f"{k}: {old.get(k)!r} then, {v!r} now" for k, v in new.items()
+                     if old.get(k) != v)
+
+
 # ----------------------------------------------------------------------------- pass rates
 
 
@@ -162,13 +180,10 @@ def pass_rates(records: Sequence[dict], rollout: Rollout, params, *, k: int, see
 def check_cache_settings(cache: str, settings: dict) -> None:
     """Refuse a pass-rate cache made with other settings; record them for a new one."""
     side = cache + ".settings.json"
-    settings = json.loads(json.dumps(settings))  # tuples as lists, as read back
     if os.path.exists(side):
         with open(side) as f:
-            old = json.load(f)
-        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-        if diff:
-            what = ", ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in diff.items())
+            what = settings_diff(json.load(f), settings)
+        if what:
             raise DataError(f"pass-rate cache {cache} was made with other settings ({what}); "
                             "pass another cache or delete it")
         return

@@ -1,8 +1,15 @@
 """`python -m ada.evaluate` (`ada-eval`): avg@k and pass@k of a run's checkpoint or a Hugging
-Face model, on the run's held-out prompts or a benchmark file (ada/evaluation.py).
+Face model, on the run's held-out prompts, a benchmark file or a suite of benchmarks
+(ada/evaluation.py).
 
     python -m ada.evaluate --workdir runs/default [--step 40] --benchmark FILE.jsonl \
         [--samples 8] [--temperature 1.0] [--limit 100] [--max_prompt_len 256] [--json out.json]
+    python -m ada.evaluate --workdir RUN --suite paper [--data_dir shared/data/benchmarks] \
+        [--samples 32] [--limit 10] --json paper.json
+
+`--suite paper` is the Reinforce-Ada paper's evaluation (ada/data/benchmarks.py says where
+each setting comes from): a table with one row per benchmark and the count-weighted
+average, as the paper's Table 1; --json is written after each benchmark and resumed from.
 
 A benchmark file is read as training reads its files: JSONL or Parquet, the columns named
 by --problem_key / --answer_key (GSM8K: --problem_key question --answer_format gsm8k).
@@ -16,12 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
 from ada import config as cfglib
 from ada.cli import args as cli_args
 from ada.config import DEFAULT_CONFIG, ConfigError, fail
+from ada.data.benchmarks import SUITES, Suite, load_benchmark, source_of
+from ada.data.sources import DataError
 
 
 def eval_parser() -> argparse.ArgumentParser:
@@ -41,14 +51,25 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", default="",
                    help="JSONL or Parquet file of problems, scored by the math verifier "
                         "(default: the run's eval split)")
+    p.add_argument("--suite", default="",
+                   help=f"evaluate a benchmark suite instead ({', '.join(SUITES)}: the "
+                        "Reinforce-Ada paper's Table 1 protocol); prints a table, resumes "
+                        "from --json (default: none)")
+    p.add_argument("--data_dir", default="",
+                   help="with --suite: the folder of its {problem, answer} JSONL files, one "
+                        "per benchmark (e.g. shared/data/benchmarks); default: load them by "
+                        "name from the Hugging Face Hub (needs the datasets package)")
     cli_args.add_columns(p, "the run's data.problem_key / data.answer_key")
     p.add_argument("--samples", type=int, default=None,
-                   help="responses per prompt (default: the run's eval.samples)")
+                   help="responses per prompt, the k of avg@k (default: the run's "
+                        "eval.samples; --suite: the suite's, 32 for paper)")
     p.add_argument("--temperature", type=float, default=None,
-                   help="sampling temperature, 0 greedy (default: the run's eval.temperature)")
+                   help="sampling temperature, 0 greedy (default: the run's eval.temperature; "
+                        "--suite: the suite's, 1.0 for paper)")
     p.add_argument("--max_new_tokens", type=int, default=None,
                    help="longest response in tokens (default: the run's eval.max_new_tokens, "
-                        "else sampling.max_new_tokens)")
+                        "else sampling.max_new_tokens; --suite: each benchmark's own, 4096 "
+                        "for paper)")
     p.add_argument("--max_prompt_len", type=int, default=None,
                    help="longest prompt in tokens (default: the run's data.max_prompt_len); "
                         "longer prompts are skipped and counted")
@@ -56,8 +77,11 @@ def eval_parser() -> argparse.ArgumentParser:
                    help="comma-separated k of pass@k, each at most --samples (default: the "
                         "run's eval.pass_k)")
     p.add_argument("--limit", type=int, default=0,
-                   help="evaluate only the first N prompts (default 0: all)")
-    p.add_argument("--json", default="", help="also write the summary to this file")
+                   help="evaluate only the first N prompts (of each benchmark with --suite; "
+                        "default 0: all)")
+    p.add_argument("--json", default="",
+                   help="also write the summary to this file (--suite: after each benchmark; "
+                        "the same command with the same --json resumes an interrupted suite)")
     return p
 
 
@@ -71,10 +95,18 @@ def check_args(args) -> None:
                           "(change a knob with --config.a.b=value)")
     if args.model and args.step is not None:
         raise ConfigError("--step needs --workdir (a run's checkpoint); an HF model has none")
+    if args.suite and args.suite not in SUITES:
+        raise ConfigError(f"--suite {args.suite}: no such suite; known suites: {list(SUITES)}")
+    if args.suite and args.benchmark:
+        raise ConfigError("--suite and --benchmark each name what to evaluate; pass one")
+    if args.data_dir and not args.suite:
+        raise ConfigError("--data_dir holds a --suite's files; pass --suite (one file: "
+                          "--benchmark FILE)")
     if not args.benchmark and (args.problem_key or args.answer_key or
                                args.answer_format != "plain"):
         raise ConfigError("--problem_key / --answer_key / --answer_format read a --benchmark "
-                          "file; pass one (the run's eval split uses its data.* columns)")
+                          "file; pass one (the run's eval split uses its data.* columns, a "
+                          "suite's files have problem and answer)")
 
 
 def eval_config(args, overrides=()):
@@ -113,10 +145,47 @@ def eval_config(args, overrides=()):
     return config
 
 
-def evaluate_run(args, overrides=()) -> dict:
+def encode_eval(records, run, config, limit: int, what: str = "prompts") -> tuple[list, list]:
+    """(the first `limit` records that fit data.max_prompt_len, with prompt_tokens in the
+    run's template; the lengths of those too long): too long ones are skipped and said (all
+    of them: refused), a text the tokenizer cannot read is warned about."""
     from ada import setup
+
+    max_len = config.data.max_prompt_len
+    encoded, too_long = setup.encode_records(records, run.tokenizer, config.tokenizer.template,
+                                             max_len)
+    if too_long:
+        msg = setup.too_long_message(what, len(records), too_long, max_len, "--max_prompt_len")
+        if not encoded:
+            raise ConfigError(msg.replace("are skipped", "nothing is left to evaluate"))
+        print(f"warning: {msg}", file=sys.stderr)
+    if message := setup.unknown_tokens_message(what, encoded, run.tokenizer):
+        print(f"warning: {message}", file=sys.stderr)
+    return (encoded[:limit] if limit else encoded), too_long
+
+
+def sample_eval(config, run, max_new_tokens: int):
+    """The eval engine for responses of up to `max_new_tokens`, and the run's params on it."""
+    from ada import setup
+
+    engine = setup.make_engine(config, run.model_cfg, run.tokenizer,
+                               temperature=config.eval.temperature, max_new_tokens=max_new_tokens)
+    return engine, engine.prepare_params(run.params)  # from the host onto its shards, once
+
+
+def score_eval(config, run, engine, params, encoded, reward) -> dict:
+    """evaluation.evaluate_policy at the config's eval settings."""
     from ada.evaluation import evaluate_policy
     from ada.rollout import Rollout
+
+    e = config.eval
+    return evaluate_policy(Rollout(engine, run.tokenizer, None, reward), params, encoded,
+                           samples=e.samples, pass_k=e.pass_k,
+                           threshold=config.adaptive.positive_threshold, seed=config.seed)
+
+
+def evaluate_run(args, overrides=()) -> dict:
+    from ada import setup
 
     config = eval_config(args, overrides)
     run = setup.load_run(args.workdir or None, args.step, config=config)
@@ -127,30 +196,128 @@ def evaluate_run(args, overrides=()) -> dict:
     else:
         task = setup.load_task(config)
         records, reward = task.eval, task.reward
-    max_len = config.data.max_prompt_len
-    encoded, too_long = setup.encode_records(records, run.tokenizer, config.tokenizer.template,
-                                             max_len)
-    if too_long:
-        msg = setup.too_long_message("prompts", len(records), too_long, max_len,
-                                     "--max_prompt_len")
-        if not encoded:
-            raise ConfigError(msg.replace("are skipped", "nothing is left to evaluate"))
-        print(f"warning: {msg}", file=sys.stderr)
-    if message := setup.unknown_tokens_message("prompts", encoded, run.tokenizer):
-        print(f"warning: {message}", file=sys.stderr)
-    if args.limit:
-        encoded = encoded[: args.limit]
+    encoded, too_long = encode_eval(records, run, config, args.limit)
     e = config.eval
-    engine = setup.make_engine(config, run.model_cfg, run.tokenizer, temperature=e.temperature,
-                               max_new_tokens=e.max_new_tokens or config.sampling.max_new_tokens)
-    params = engine.prepare_params(run.params)  # from the host onto the sampler's shards, once
-    out = evaluate_policy(Rollout(engine, run.tokenizer, None, reward), params, encoded,
-                          samples=e.samples, pass_k=e.pass_k,
-                          threshold=config.adaptive.positive_threshold, seed=config.seed)
+    engine, params = sample_eval(config, run, e.max_new_tokens or config.sampling.max_new_tokens)
+    out = score_eval(config, run, engine, params, encoded, reward)
     out.update(step=run.step or 0, num_prompts=len(encoded), dropped_prompts=len(too_long),
                samples=e.samples, temperature=e.temperature, pass_k=list(e.pass_k),
-               max_new_tokens=engine.max_new_tokens, max_prompt_len=max_len)
+               max_new_tokens=engine.max_new_tokens, max_prompt_len=config.data.max_prompt_len)
     return out
+
+
+# ----------------------------------------------------------------------------- --suite
+# Every benchmark is read (a missing file or an unreachable Hub refused in one line) before
+# the model loads; each is then sampled and scored as --benchmark FILE is, at the suite's k,
+# temperature and per-benchmark length unless the command line says otherwise. --json FILE
+# is rewritten after every benchmark, {"benchmarks": {name: {"avg_at_k", "n", "k", ...}},
+# "weighted_avg", "settings"} (weighted_avg null until every benchmark is done); the same
+# command with the same --json skips the benchmarks it holds, so an interrupted suite
+# resumes; a file made with other settings (policy, k, lengths, limit, files) is refused.
+
+
+def evaluate_suite(args, overrides=()) -> dict:
+    """The suite's results, each benchmark's written to --json as soon as it is done."""
+    from ada import setup
+    from ada.evaluation import weighted_average
+
+    check_args(args)  # an unknown --suite before the suite's defaults are read
+    suite = SUITES[args.suite]
+    args.samples = args.samples or suite.samples
+    args.temperature = suite.temperature if args.temperature is None else args.temperature
+    config = eval_config(args, overrides)
+    records = {b.name: load_benchmark(b, args.data_dir) for b in suite.benchmarks}
+    run = setup.load_run(args.workdir or None, args.step, config=config)
+    e, s = config.eval, config.sampling
+    lengths = {b.name: args.max_new_tokens or b.max_new_tokens for b in suite.benchmarks}
+    settings = dict(
+        suite=suite.name, policy=run.policy, template=config.tokenizer.template,
+        prompt_suffix=suite.prompt_suffix, samples=e.samples, temperature=e.temperature,
+        top_k=s.top_k, top_p=s.top_p, pass_k=list(e.pass_k), max_new_tokens=lengths,
+        max_prompt_len=config.data.max_prompt_len, limit=args.limit, seed=config.seed,
+        threshold=config.adaptive.positive_threshold,
+        sources={b.name: source_of(b, args.data_dir) for b in suite.benchmarks})
+    out = saved_results(args.json, settings)
+    done = out["benchmarks"]
+    if done:
+        print(f"resuming from {args.json}: {', '.join(done)} done", file=sys.stderr)
+    reward = setup.load_reward("math")
+    engines = {}  # one engine (and one copy of the params on it) per response length
+    for b in suite.benchmarks:
+        if b.name in done:
+            continue
+        prompts = [dict(r, problem=f"{r['problem']} {suite.prompt_suffix}")
+                   for r in records[b.name]]
+        encoded, too_long = encode_eval(prompts, run, config, args.limit, f"{b.title} prompts")
+        if lengths[b.name] not in engines:
+            engines[lengths[b.name]] = sample_eval(config, run, lengths[b.name])
+        m = score_eval(config, run, *engines[lengths[b.name]], encoded, reward)
+        done[b.name] = {"avg_at_k": m[f"eval_avg@{e.samples}"], "n": len(encoded),
+                        "k": e.samples, "dropped": len(too_long),
+                        "max_new_tokens": lengths[b.name],
+                        **{k.removeprefix("eval_"): v for k, v in m.items()
+                           if k.startswith("eval_pass@")},
+                        "time_eval_s": m["time_eval_s"]}
+        if len(done) == len(suite.benchmarks):
+            out["weighted_avg"] = weighted_average(done)
+        write_results(args.json, out)
+    return out
+
+
+def saved_results(path: str, settings: dict) -> dict:
+    """The results an interrupted run of the same settings left in `path`, else none."""
+    from ada.evaluation import settings_diff
+
+    if not path or not os.path.exists(path):
+        return {"benchmarks": {}, "weighted_avg": None, "settings": settings}
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        what = settings_diff(saved["settings"], settings)
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"--json {path} exists and holds no suite's results; pass another "
+                          "--json or delete it") from None
+    if what:
+        raise ConfigError(f"--json {path} holds results made with other settings ({what}); "
+                          "pass another --json or delete it")
+    return saved
+
+
+def write_results(path: str, out: dict) -> None:
+    """The whole file, renamed into place: a kill leaves the last complete one."""
+    if not path:
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def table(suite: Suite, out: dict) -> str:
+    """One row per benchmark (avg@k in percent, as the paper prints it) and the weighted
+    average over the benchmarks' problems."""
+    res = out["benchmarks"]
+    k = next(iter(res.values()))["k"]
+    width = max(len(b.title) for b in suite.benchmarks)
+    rows = [f"{'benchmark':<{width}}  {'n':>5}  {f'avg@{k}':>7}"]
+    rows += [f"{b.title:<{width}}  {res[b.name]['n']:>5}  {100 * res[b.name]['avg_at_k']:>7.1f}"
+             for b in suite.benchmarks]
+    n = sum(r["n"] for r in res.values())
+    rows.append(f"{'weighted avg':<{width}}  {n:>5}  {100 * out['weighted_avg']:>7.1f}")
+    return "\n".join(rows)
+
+
+def main_suite(args, overrides) -> int:
+    """evaluate_suite, then the table on stdout; Ctrl-C is one line saying how to resume."""
+    try:
+        out = evaluate_suite(args, overrides)
+    except KeyboardInterrupt:
+        where = (f"the benchmarks done are in {args.json}; the same command resumes"
+                 if args.json else "pass --json FILE to keep finished benchmarks")
+        print(f"interrupted: {where}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as ada/preemption.py's exit codes
+    print(table(SUITES[args.suite], out))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,8 +331,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     quiet.quiet_start()
     try:
+        if args.suite:
+            return main_suite(args, overrides)
         summary = evaluate_run(args, overrides)
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileNotFoundError) as e:
         return fail(e)
     print(json.dumps(summary, indent=2, sort_keys=True))
     if args.json:
