@@ -124,7 +124,8 @@ def test_suite_errors_are_one_line_before_the_model_loads(run_dir, tmp_path, cap
     suite = ["--workdir", str(run_dir), "--suite", "paper"]
     (tmp_path / "math500.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')
     line = _one_error(suite + ["--data_dir", str(tmp_path)], capsys)
-    assert f"--data_dir {tmp_path}: no minerva_math.jsonl (Minerva Math)" in line
+    assert f"--data_dir {tmp_path}: no minerva_math.jsonl, olympiadbench.jsonl, aime24.jsonl, " \
+        "aime25.jsonl, amc23.jsonl; the paper suite reads math500.jsonl, " in line
     assert "nope: no such suite; known suites: ['paper']" in _one_error(
         ["--workdir", str(run_dir), "--suite", "nope"], capsys)
     assert "pass one" in _one_error(suite + ["--benchmark", "x.jsonl"], capsys)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from ada import config as cfglib
 from ada.cli import args as cli_args
 from ada.config import DEFAULT_CONFIG, ConfigError, fail
-from ada.data.benchmarks import SUITES, Suite, load_benchmark, source_of
+from ada.data.benchmarks import SUITES, Suite, load_suite, source_of
 from ada.data.sources import DataError
 
 
@@ -226,7 +226,7 @@ def evaluate_suite(args, overrides=()) -> dict:
     args.samples = args.samples or suite.samples
     args.temperature = suite.temperature if args.temperature is None else args.temperature
     config = eval_config(args, overrides)
-    records = {b.name: load_benchmark(b, args.data_dir) for b in suite.benchmarks}
+    records = load_suite(suite, args.data_dir)  # every file, before the model loads
     run = setup.load_run(args.workdir or None, args.step, config=config)
     e, s = config.eval, config.sampling
     lengths = {b.name: args.max_new_tokens or b.max_new_tokens for b in suite.benchmarks}

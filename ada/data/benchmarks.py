@@ -96,15 +96,21 @@ def source_of(b: Benchmark, data_dir: str) -> str:
     return os.path.join(data_dir, b.file) if data_dir else f"hf:{b.hub}:{b.split}"
 
 
-def load_benchmark(b: Benchmark, data_dir: str = "") -> list[Record]:
-    """`b`'s records from data_dir, else from the Hugging Face Hub."""
+def load_suite(suite: Suite, data_dir: str = "") -> dict[str, list[Record]]:
+    """Every benchmark's records by name, each file checked before any is read."""
     if data_dir:
-        path = os.path.join(data_dir, b.file)
-        if not os.path.isfile(path):
-            raise DataError(f"--data_dir {data_dir}: no {b.file} ({b.title}); a suite's folder "
-                            "holds one {problem, answer} JSONL file per benchmark, named "
-                            "as shared/data/benchmarks names them")
-        return load_records(path, RecordFormat(source=b.name))
+        files = [b.file for b in suite.benchmarks]
+        if missing := [f for f in files if not os.path.isfile(os.path.join(data_dir, f))]:
+            raise DataError(f"--data_dir {data_dir}: no {', '.join(missing)}; the {suite.name} "
+                            f"suite reads {', '.join(files)} ({{problem, answer}} JSONL, as "
+                            "shared/data/benchmarks holds them)")
+    return {b.name: load_benchmark(b, data_dir) for b in suite.benchmarks}
+
+
+def load_benchmark(b: Benchmark, data_dir: str = "") -> list[Record]:
+    """`b`'s records from its file in data_dir, else from the Hugging Face Hub."""
+    if data_dir:
+        return load_records(os.path.join(data_dir, b.file), RecordFormat(source=b.name))
     return _load_hub(b)
 
 
