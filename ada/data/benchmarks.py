@@ -16,6 +16,10 @@ each set's `{problem, answer}` records come from (`python -m ada.evaluate --suit
   prompts in the paper have no suffix, `data_process/reformat.py`);
 - the weighted average by the number of problems in each benchmark (Table 1's note).
 
+Responses are scored by ada's math verifier (the `math` reward) for every benchmark; the
+official `eval/compute_score.py` uses math-verify with the gold in \\boxed{}, and Qwen2.5-Math's
+`math_equal` on the extracted answer for Minerva Math.
+
 gen_data.py lets prompt + response reach 8,192 tokens (`max_input_length`, vLLM's
 max_model_len) and so keeps every prompt; here prompts longer than data.max_prompt_len
 (`--max_prompt_len`) are skipped and counted. Qwen2.5-Math's window is 4,096 positions, so a
@@ -26,7 +30,7 @@ that also holds HMMT, BRUMO and CMIMC problems. This suite scores AIME24, AIME25
 separately (the sets shared/data holds), so its weighted average is over 1,547 problems and
 is not the paper's number to the decimal.
 
-Records come from `data_dir/<file>` (JSONL or Parquet with `problem` and `answer` columns:
+Records come from `data_dir/<file>` (JSONL with `problem` and `answer` fields:
 the files of shared/data/benchmarks), or, without a data_dir, from the Hugging Face Hub
 through the `datasets` package: the paper's own copies for MATH500, Minerva Math and
 OlympiadBench (eval_model.sh; gen_data.py reads `problem` and the gold `gt`, split train),
