@@ -32,8 +32,9 @@ from __future__ import annotations
 import jax
 
 from ada import setup
+from ada.models.paged_attention import page_bytes
 from ada.rl import train as rl
-from ada.roofline import device_bytes, with_shardings
+from ada.roofline import device_bytes
 
 PREFIX_CACHE_SIZE = 64  # the Driver's prefix_cache_size: prefill rows (dense) kept between rounds
 PHASES = ("init", "prefill", "generate", "update", "handoff", "eval", "save")
@@ -67,25 +68,16 @@ def prefix_bound(engine, kept: int = 0) -> int:
     the longest prompt bucket (dense_host: the LRU is bounded in rows; a prefill call larger
     than that is kept whole), or, paged, only their next-token logits (prompts live in the
     pool), for the LRU's prompts and the `kept` prompts of the cohorts still sampling."""
-    c, T = engine.config, engine.max_prompt_len
+    c = engine.config
     shards, tensor = ((engine.mesh.shape["data"], engine.mesh.shape["tensor"])
                       if engine.mesh is not None else (1, 1))
     rows = max(PREFIX_CACHE_SIZE, engine.row_buckets[-1])
     if getattr(engine, "page_size", None):  # rows on their data shard (PagedEngine.prefill)
         return (rows + kept) * c.vocab_size * 4 // shards
     # the dense prefill's rows are on every data shard, its KV heads split over tensor
-    kv_shards = tensor if c.num_kv_heads % tensor == 0 else 1
-    kv = (2 * c.num_layers * rows * T * (c.num_kv_heads // kv_shards) * c.head_dim
-          * jax.numpy.dtype(c.dtype).itemsize)
+    kv = page_bytes(c, rows * engine.max_prompt_len,
+                    kv_head_shards=tensor if c.num_kv_heads % tensor == 0 else 1)
     return kv + rows * c.vocab_size * 4
-
-
-def decode_state_bytes(engine) -> int:
-    state = jax.eval_shape(engine.init_decode_state)
-    if engine.mesh is None:
-        return device_bytes(state, jax.tree.map(
-            lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), state))
-    return device_bytes(with_shardings(state, engine.state_shardings()))
 
 
 def resident_parts(model_cfg, train_cfg, fns, engine, eval_engine=None, kl: bool = False,
@@ -100,10 +92,10 @@ def resident_parts(model_cfg, train_cfg, fns, engine, eval_engine=None, kl: bool
         "optimizer_state": device_bytes(state, fns.state_sharding) - params,
         "reference_params": params if kl else 0,
         "sampler_weights": device_bytes(sampler, engine.param_shardings(stacked)),
-        "decode_state": decode_state_bytes(engine),
+        "decode_state": device_bytes(engine.abstract_state()),
         "prefix_caches": prefix_bound(engine, kept_prompts),
         "checkpoint_staging": checkpoint_staging(state, fns.state_sharding),
-        "eval_decode_state": (decode_state_bytes(eval_engine)
+        "eval_decode_state": (device_bytes(eval_engine.abstract_state())
                               if eval_engine is not None and eval_engine is not engine else 0),
     }
 
@@ -143,13 +135,11 @@ def ledger(resident: dict[str, int], transient: dict[str, int], in_flight: bool,
                 else "the sampler frees its decode state and weights before the update")
 
 
-def run_memory(config, model_cfg, train_mesh, sampling_mesh, transient: dict | None = None,
-               hbm: float | None = None) -> dict:
-    """The ledger of `config` on these meshes (real or abstract chips), its engines built as
-    the run builds them (setup.build: eval gets its own engine only for another
-    temperature or length)."""
-
-
+def run_resident(config, model_cfg, train_mesh, sampling_mesh) -> dict:
+    """The resident parts of `config` on these meshes (real or abstract chips), its engines
+    built as the run builds them (setup.build: eval gets its own engine only for another
+    temperature or length), with the cache and attention its sampler runs. Computed once
+    per plan and passed down (`run_memory`, `plan_memory`, planner.make_plan's `held`)."""
     c, e = config, config.eval
     engine = setup.make_engine(c, model_cfg, None, sampling_mesh)
     eval_new = e.max_new_tokens or c.sampling.max_new_tokens
@@ -161,9 +151,15 @@ def run_memory(config, model_cfg, train_mesh, sampling_mesh, transient: dict | N
     kept = (c.rl.max_staleness + 1) * c.data.prompts_per_step // jax.process_count()
     resident = resident_parts(model_cfg, tc, fns, engine, eval_engine, kl=c.loss.kl_coef > 0,
                               kept_prompts=kept)
-    out = ledger(resident, transient or {}, in_flight=c.rl.max_staleness > 0, hbm=hbm)
-    return dict(out, resident=resident, kv_cache=c.sampling.kv_cache,
+    return dict(resident=resident, kv_cache=c.sampling.kv_cache,
                 attention=getattr(engine, "attention", "dense"))
+
+
+def run_memory(config, sampler: dict, transient: dict | None = None,
+               hbm: float | None = None) -> dict:
+    """The ledger of `config` whose resident parts are `sampler` (`run_resident`'s)."""
+    return dict(ledger(sampler["resident"], transient or {},
+                       in_flight=config.rl.max_staleness > 0, hbm=hbm), **sampler)
 
 
 def checkpoint_staging(tree, shardings) -> int:
@@ -182,10 +178,11 @@ def checkpoint_staging(tree, shardings) -> int:
     return int(sum(jax.tree.leaves(jax.tree.map(leaf, tree, shardings))))
 
 
-def plan_memory(config, model_cfg, train_mesh, sampling_mesh, ph: dict, dense, hbm) -> dict:
-    """The run's memory ledger (ada/memory.py) with the compiled programs' temporaries: the
-    train step's, the hand-off's, prefill's and generate's (the dense programs'; a paged
-    gather engine's generate also carries a dense window per layer: `gather_windows`)."""
+def plan_memory(config, sampler: dict, ph: dict, dense, hbm) -> dict:
+    """The run's memory ledger (`run_memory` of `run_resident`'s `sampler`) with the compiled
+    programs' temporaries: the train step's, the hand-off's, prefill's and generate's (the
+    dense programs'; a paged gather engine's generate also carries a dense window per layer,
+    the `dense` engine's keys and values: `gather_windows`)."""
     tr, rs, pf, gen = (ph[k] for k in ("train", "reshard", "prefill", "generate"))
     transient = dict(
         update_temporaries=temporaries(tr, tr["arguments_bytes"]),
@@ -195,17 +192,11 @@ def plan_memory(config, model_cfg, train_mesh, sampling_mesh, ph: dict, dense, h
         prefill_temporaries=temporaries(pf, pf["arguments_bytes"]),  # the new prefix too
         generate_temporaries=temporaries(gen, gen["arguments_bytes"]))
     transient["eval_generate_temporaries"] = transient["generate_temporaries"]
-    out = run_memory(config, model_cfg, train_mesh, sampling_mesh, transient)
-    if out["attention"] == "gather":
-        windows = device_bytes(with_shardings(jax.eval_shape(dense.init_decode_state),
-                                              dense.state_shardings()).cache)
-        transient.update(gather_windows=windows)
-        out = dict(run_memory(config, model_cfg, train_mesh, sampling_mesh, transient),
-                   gather_windows_bytes=windows)
-    if hbm:
-        out = dict(out, **ledger(out["resident"], transient,
-                                        config.rl.max_staleness > 0, hbm))
-    return out
+    if sampler["attention"] != "gather":
+        return run_memory(config, sampler, transient, hbm)
+    windows = device_bytes(dense.abstract_state().cache)
+    return dict(run_memory(config, sampler, dict(transient, gather_windows=windows), hbm),
+                gather_windows_bytes=windows)
 
 
 def update_slots(slots: int, data: int, ph: dict, resident: dict, engine, hbm: float) -> int:

@@ -269,7 +269,7 @@ def plan_generate(engine, params, num_steps: int | None = None, ops: bool = Fals
     program's bytes op by op, its HBM bytes per step (the loop's ops once per step, the
     rest once per chunk: what the chunk does at its boundary counts too) and one step's
     floor (for the estimate)."""
-    state = with_shardings(jax.eval_shape(engine.init_decode_state), engine.state_shardings())
+    state = engine.abstract_state()
     K = num_steps or engine.chunk_size
     lowered = engine._generate.lower(params, state, num_steps=K, num_slots=engine.num_slots,
                                      window=engine.cache_len)
@@ -288,8 +288,7 @@ fits = lambda f, hbm: not f.get("over_hbm") and f["peak_bytes"] + f.get("held_by
 def check_slots(engine, params, held: int, hbm: float) -> None:
     """Before any compile: num_slots whose KV cache alone is past HBM, beside the sampler's
     weights and the train state (`held`), says how many could fit (compiling tells)."""
-    cache = device_bytes(with_shardings(jax.eval_shape(engine.init_decode_state),
-                                        engine.state_shardings()))
+    cache = device_bytes(engine.abstract_state())
     n, d, room = engine.num_slots, engine.mesh.shape["data"], hbm - held - device_bytes(params)
     if cache > room:
         most = max(int(room * n / cache) // d * d, 0)
@@ -418,7 +417,8 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     stacked = rl.abstract_state(model_cfg, rl.TrainConfig()).params
     params = with_shardings(jax.eval_shape(engine._sampling_fn, stacked),
                             engine.param_shardings(stacked))
-    resident = memory.run_memory(run_config, model_cfg, train_mesh, sampling_mesh)["resident"]
+    sampler = memory.run_resident(run_config, model_cfg, train_mesh, sampling_mesh)
+    resident = sampler["resident"]
     # on the chip through the rollout: the train state (a KL reference beside it) and the
     # prompts' prefills the sampler keeps (ada/memory.py)
     held = (resident["train_params"] + resident["optimizer_state"] + resident["reference_params"]
@@ -464,7 +464,7 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
                 and p["max_num_slots"]):
             p["max_num_slots"] = min(p["max_num_slots"], memory.update_slots(
                 p["max_num_slots"], data, ph, resident, engine, hbm))
-    p["memory"] = memory.plan_memory(run_config, model_cfg, train_mesh, sampling_mesh, ph, engine, hbm)
+    p["memory"] = memory.plan_memory(run_config, sampler, ph, engine, hbm)
     if hbm:
         p["fits"] = (all(fits(f, hbm) for f in ph.values())
                      and all(f["fits"] for f in p["memory"]["phases"].values()))

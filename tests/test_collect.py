@@ -58,7 +58,7 @@ def ref_sequential(table, rule, n, budget):
     for rewards in table:
         for k in range(1, budget + 1):
             pos = sum(x > THR for x in rewards[:k])
-            if rules.RULES[rule](pos, k - pos, k, n):
+            if rules.RULES[rule].done(pos, k - pos, k, n):
                 out.append((k, True))
                 break
         else:

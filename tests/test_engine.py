@@ -168,7 +168,7 @@ def test_prefix_is_prefilled_once_for_all_samples(model, sampler_engine):
     driver = Driver(sampler_engine, params, step_key=2)
     p = prompts(1, seed=8)[0]
     out = driver.generate_all([Request(p, 0, s, 10) for s in range(4)])
-    assert driver.prefills == 1
+    assert driver.counts.prefills == 1
     assert len({tuple(c.token_ids) for c in out}) == 4
 
 

@@ -74,8 +74,8 @@ def test_live_bytes_are_the_ledgers(tmp_path, cache, k):
 
     def observe(phase, step, stream):
         if not ledger:
-            ledger.update(memory.run_memory(c, stream.rollout.engine.config,
-                                            meshes.train_mesh(c), stream.rollout.engine.mesh))
+            ledger.update(memory.run_resident(c, stream.rollout.engine.config,
+                                              meshes.train_mesh(c), stream.rollout.engine.mesh))
         exact, bounded = boundary(phase, ledger["resident"], stream.in_flight())
         now = live_bytes()
         live = max(now[d] - before[d] for d in now)  # the fullest chip's, this run's

@@ -300,7 +300,7 @@ def test_paged_decode_equals_dense_decode(family):
     eng, params, base = f["engine"], f["params"], f["base"]
     reqs = [0, 2, 1, 3]  # requests 0 and 2 share prompt 0
     alloc = PageAllocator(eng.num_pages, eng.page_size, eng.num_slots, eng.pages_per_slot)
-    state = eng.init_state()
+    state = eng.init_decode_state()
     handles, logits = {}, {}
     for p in sorted({REQUESTS[r][0] for r in reqs}):
         handles[p] = alloc.alloc_prompt(len(base[p]))
@@ -345,7 +345,7 @@ def test_kernel_arguments_give_the_gather_paths_outputs(family):
     eng, params, base, c = f["engine"], f["params"], f["base"], f["config"]
     reqs = [0, 2, 1, 3]  # requests 0 and 2 share prompt 0
     alloc = PageAllocator(eng.num_pages, eng.page_size, eng.num_slots, eng.pages_per_slot)
-    state, handles, logits = eng.init_state(), {}, {}
+    state, handles, logits = eng.init_decode_state(), {}, {}
     for p in sorted({REQUESTS[r][0] for r in reqs}):
         handles[p] = alloc.alloc_prompt(len(base[p]))
         state, logits[p] = eng.prefill(params, state, [base[p]], [handles[p]])
@@ -390,7 +390,7 @@ def run_paged(eng, alloc, params, requests, lookahead):
     preemptions)."""
     K = eng.chunk_size
     queue = collections.deque(enumerate(requests))
-    state, slots, order, done, prompts = eng.init_state(), {}, {}, {}, {}
+    state, slots, order, done, prompts = eng.init_decode_state(), {}, {}, {}, {}
     preempted, admitted, rounds = 0, 0, 0
     while queue or slots:
         rounds += 1

@@ -122,7 +122,7 @@ def test_paged_driver_on_a_mesh_samples_as_dense():
     eng = PagedEngine(c, page_size=4, num_pages=40, **kw)
     assert (eng.pool_shards, eng.shard_pages) == (4, 10)
     assert eng.state_shardings().pages[0].spec[:3] == ("data", None, "tensor")
-    state = eng.init_state()
+    state = eng.init_decode_state()
     device_pool = state.pages[0].addressable_shards[0].data.shape
     assert device_pool == (10, 4, c.num_kv_heads, c.head_dim)  # 2K / tensor 2 = K heads
     paged, stats = run_paged(eng, params, reqs, step_key=7)

@@ -1,4 +1,5 @@
-"""Exit rules vs a brute-force Python reference (the verl fork's conditions)."""
+"""Exit rules vs a brute-force Python reference (the verl fork's conditions), and each rule's
+`min_needed` against its own `done` (every rule in RULES: a new one is checked too)."""
 
 import itertools
 
@@ -22,7 +23,7 @@ def ref_done(name, pos, neg, seen, n):
     return False
 
 
-_JITTED = {name: jax.jit(fn) for name, fn in rules.RULES.items()}
+_JITTED = {name: jax.jit(rule.done) for name, rule in rules.RULES.items()}
 
 counts = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=P, max_size=P)
 
@@ -35,7 +36,7 @@ def test_rules_match_reference_jit_and_numpy(counts, n, name):
     seen = pos + neg
     want = np.array([ref_done(name, int(a), int(b), int(a + b), n) for a, b in counts])
     got_jit = _JITTED[name](jnp.asarray(pos), jnp.asarray(neg), jnp.asarray(seen), n)
-    got_np = rules.RULES[name](pos, neg, seen, n)
+    got_np = rules.RULES[name].done(pos, neg, seen, n)
     assert isinstance(got_np, np.ndarray)  # host path stays NumPy (no device round trip)
     np.testing.assert_array_equal(np.asarray(got_jit), want)
     np.testing.assert_array_equal(got_np, want)
@@ -47,16 +48,20 @@ def test_balance_odd_n_keeps_extra_member_negative():
     assert not rules.balance_rule(3, 2, 5, 5)
 
 
-@pytest.mark.parametrize("name", ["pos", "balance"])
+@pytest.mark.parametrize("name", sorted(rules.RULES))
 def test_min_needed_is_exact(name):
-    """After k < need more responses the rule cannot hold; after `need` it can."""
+    """After k < need more responses the rule cannot hold; after `need` it can (for `none`,
+    which never holds, need is the budget left); `done` itself is held to the reference
+    above. Breaking it: a rule whose min_needed over- or undercounts (the dispatcher then
+    favours the wrong prompts)."""
     n, budget = 4, 32
+    rule = rules.RULES[name]
     for pos, neg in itertools.product(range(5), range(5)):
-        need = int(rules.min_needed(name, np.int64(pos), np.int64(neg), np.int64(pos + neg),
-                                    n, budget))
-        reachable = [any(ref_done(name, pos + a, neg + k - a, pos + neg + k, n)
-                         for a in range(k + 1)) for k in range(need + 1)]
-        assert reachable[need] and not any(reachable[:need]), (pos, neg, need)
+        seen = pos + neg
+        need = int(rule.min_needed(np.int64(pos), np.int64(neg), np.int64(seen), n, budget))
+        reachable = [k for k in range(budget - seen + 1)
+                     if any(rule.done(pos + a, neg + k - a, seen + k, n) for a in range(k + 1))]
+        assert need == (reachable[0] if reachable else budget - seen), (pos, neg, need)
 
 
 def test_unknown_rule_names_the_setting():

@@ -206,12 +206,12 @@ def test_a_sampler_on_devices_of_its_own(tmp_path, cache, monkeypatch):
 
     def spy_next_batch(self):
         out = next_batch(self)
-        seen["chunks_out"][self.version + 1] = self.driver.chunks
+        seen["chunks_out"][self.version + 1] = self.driver.counts.chunks
         seen["sampler"] |= _devices(self.driver.params) | _devices(self.driver.state)
         return out
 
     def spy_set_params(self, params, version):
-        seen["chunks_trained"][version] = self.driver.chunks  # the update is complete
+        seen["chunks_trained"][version] = self.driver.counts.chunks  # the update is complete
         seen["trainer"] |= _devices(params)
         return set_params(self, params, version)
 
@@ -303,10 +303,10 @@ def test_new_weights_between_chunks(paged):
     assert abs(done.logprobs[4] - by_old) < 2e-5 < abs(done.logprobs[4] - by_new)
     lag = 1 - np.asarray(done.versions)  # as the batch of the step that trains it (batch.py)
     assert lag[4] == 1 and not lag[5:].any()
-    before = drv.prefilled_prompts
+    before = drv.counts.prefilled_prompts
     drv.submit(Request(prompt, prompt_id=1, sample_idx=1, step_key=key))
     (again,) = [x for _ in range(3) for x in drv.step()]
-    assert drv.prefilled_prompts == before + 1  # prefilled again, by the new weights
+    assert drv.counts.prefilled_prompts == before + 1  # prefilled again, by the new weights
     fresh = Driver(engine, new, step_key=key).generate_all(
         [Request(prompt, prompt_id=1, sample_idx=1)])[0]
     assert again.token_ids == fresh.token_ids and again.versions == [1] * 12

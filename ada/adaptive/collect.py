@@ -31,7 +31,7 @@ process p of k is (b * k + p) * P + i, unique across processes and batches, so e
 prompt draws its own random stream and selection key.
 
 Multi-host: a Collector sees only its own process's prompts (generation is process-local),
-and its exit decisions are `rules.RULES[rule](pos, neg, seen, n)` of the pool counts in
+and its exit decisions are `rules.RULES[rule].done(pos, neg, seen, n)` of the pool counts in
 `Pool.stats`. Those are plain sums, so they could be summed across hosts before deciding if
 one prompt's draws were ever spread over several; nothing does that today.
 """
@@ -135,14 +135,13 @@ class DispatchPolicy:
     """
 
     def __init__(self, rule: str, n: int, budget: int):
-        rules.get_rule(rule)
-        self.rule, self.n, self.budget = rule, n, budget
+        self.rule, self.n, self.budget = rules.get_rule(rule), n, budget
 
     def pick(self, free: int, done, dispatched, inflight, pos, neg) -> list[int]:
         dispatched = np.array(dispatched, np.int64)
         inflight = np.array(inflight, np.int64)
-        need = rules.min_needed(self.rule, pos, neg, np.asarray(pos) + np.asarray(neg),
-                                self.n, self.budget)
+        need = self.rule.min_needed(pos, neg, np.asarray(pos) + np.asarray(neg), self.n,
+                                    self.budget)
         ids = np.arange(dispatched.shape[0], dtype=np.int64)
         base = self.budget + 1
         out: list[int] = []
@@ -291,7 +290,7 @@ class Collector:
 
     def _done(self, pool: Pool):
         s = pool.stats
-        return np.asarray(self._rule(s.pos, s.neg, s.seen, self.config.n), bool)
+        return np.asarray(self._rule.done(s.pos, s.neg, s.seen, self.config.n), bool)
 
     def _collect_batch(self, prompts: list, key, batch: int, width: int) -> Generator:
         """One prompt batch; `batch` numbers DAPO's draws and, with the collection's prompt
@@ -381,7 +380,7 @@ class Collector:
                 rewards.append(r)
                 if done[p]:
                     counters["late_samples"] += 1
-                elif self._rule(s.pos[p], s.neg[p], s.seen[p], cfg.n):
+                elif self._rule.done(s.pos[p], s.neg[p], s.seen[p], cfg.n):
                     done[p] = True
         drv.keep_prompts(())
         return [dict(round=0, active_prompts=pool.num_prompts, completed=int(done.sum()),

@@ -1,7 +1,7 @@
 """Exit rules of Reinforce-Ada: when has a prompt drawn enough to stop sampling?
 
-A rule is a pure function `rule(pos, neg, seen, n) -> done` over per-prompt counts
-(arrays of any shape; NumPy or jax, jittable). Its inputs are sums over responses: each
+A rule's `done(pos, neg, seen, n)` is a pure function over per-prompt counts (arrays of
+any shape; NumPy or jax, jittable) giving a mask. Its inputs are sums over responses: each
 process decides for its own prompts (generation is process-local), and counts summed
 across hosts would give every host the same decision (nothing sums them today).
 
@@ -17,23 +17,47 @@ Semantics follow the official verl fork (`reinforce_ada_choice`: "positive_focus
   * odd n is allowed for `balance`; like the reference, the extra member is a negative
     (n // 2 positives, n - n // 2 negatives), e.g. n=5 -> 2 positive + 3 negative.
 
-`min_needed` is the fewest further responses that could make the rule hold; the continuous
-dispatcher uses it to prefer prompts whose in-flight requests cannot yet cover their need.
+A rule is one record, `ExitRule(done, min_needed)`: `min_needed(pos, neg, seen, n, budget)`
+is the fewest further responses after which `done` could hold (the budget left when it
+never can); the continuous dispatcher uses it to prefer prompts whose in-flight requests
+cannot yet cover their need. A rule cannot be made without both halves, and
+tests/test_rules.py checks every rule in RULES: its `min_needed` against its own `done`.
+
+Adding a rule is one entry here (then a Method row naming it in ada/methods.py, and, for a
+proportional rather than balanced fill of the kept group, ada/adaptive/select.py), e.g.
+"two positives, and n to choose from":
+
+    "pos2": ExitRule(
+        done=lambda pos, neg, seen, n: (pos >= 2) & (seen >= n),
+        min_needed=lambda pos, neg, seen, n, budget: _xp(pos).maximum(
+            _relu(2 - pos), _relu(n - seen))),
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-Rule = Callable[..., object]
-
 
 def _xp(x):
     return jnp if isinstance(x, jax.Array) else np  # tracers are jax.Arrays too
+
+
+def _relu(x):
+    return _xp(x).maximum(x, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitRule:
+    """When a prompt has drawn enough (`done`), and how far it is from that (`min_needed`);
+    both over per-prompt counts, NumPy in, NumPy out, jax in, jax out (jittable)."""
+
+    done: Callable  # (pos, neg, seen, n) -> bool mask
+    min_needed: Callable  # (pos, neg, seen, n, budget) -> int counts
 
 
 def pos_rule(pos, neg, seen, n):
@@ -55,26 +79,16 @@ def none_rule(pos, neg, seen, n):
     return xp.zeros(xp.shape(pos), bool)
 
 
-RULES: dict[str, Rule] = {"pos": pos_rule, "balance": balance_rule, "none": none_rule}
+RULES: dict[str, ExitRule] = {
+    "pos": ExitRule(pos_rule, lambda pos, neg, seen, n, budget: _xp(pos).maximum(
+        _relu(1 - pos), _relu(n - seen))),
+    "balance": ExitRule(balance_rule, lambda pos, neg, seen, n, budget:
+                        _relu(n // 2 - pos) + _relu(n - n // 2 - neg)),
+    "none": ExitRule(none_rule, lambda pos, neg, seen, n, budget: _relu(budget - seen)),
+}
 
 
-def _relu(x, xp):
-    return xp.maximum(x, 0)
-
-
-def min_needed(name: str, pos, neg, seen, n, budget: int):
-    """Fewest further responses after which `name` could hold (budget - seen for `none`)."""
-    xp = _xp(pos)
-    if name == "pos":
-        return xp.maximum(_relu(1 - pos, xp), _relu(n - seen, xp))
-    if name == "balance":
-        return _relu(n // 2 - pos, xp) + _relu(n - n // 2 - neg, xp)
-    if name == "none":
-        return _relu(budget - seen, xp)
-    raise ValueError(f"unknown exit rule {name!r}; set rule to one of {sorted(RULES)}")
-
-
-def get_rule(name: str) -> Rule:
+def get_rule(name: str) -> ExitRule:
     if name not in RULES:
         raise ValueError(f"unknown exit rule {name!r}; set rule to one of {sorted(RULES)}")
     return RULES[name]

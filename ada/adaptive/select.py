@@ -2,7 +2,7 @@
 
 Per prompt, with pos / neg the pool's counts of correct / incorrect responses
 (`ada.rewards.score.correct`: reward > threshold), seen = pos + neg, take = min(n, seen), and
-done = RULES[mode](pos, neg, seen, n):
+done = RULES[mode].done(pos, neg, seen, n):
 
   balanced fill (done prompts of every rule; not-done prompts of `balance` and `none`):
       n_pos = min(n // 2, pos); n_neg = min(take - n_pos, neg); any shortfall is filled
@@ -35,9 +35,8 @@ from ada.rewards.score import correct
 
 def target_counts(pos, neg, n: int, mode: str):
     """(n_pos, n_neg, done) to keep per prompt; arrays of any shape, jnp."""
-    rule = rules.get_rule(mode)
     seen = pos + neg
-    done = rule(pos, neg, seen, n)
+    done = rules.get_rule(mode).done(pos, neg, seen, n)
     take = jnp.minimum(n, seen)
     # balanced fill
     n_neg_bal = jnp.minimum(take - jnp.minimum(n // 2, pos), neg)

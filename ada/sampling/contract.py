@@ -10,16 +10,21 @@ JetStream's `engine_api.Engine`. Read this first; then the two implementations:
           preemption).
 
 ada.setup.make_engine builds one from `sampling.kv_cache`. Shared by both, written once:
-the prompt and row buckets (slots.pow2_buckets, bucket_for), the sampler layout and the
-per-backend choices (engine.sampler_layout, backend_choices), the weight hand-off
-(Engine.prepare_params, which PagedEngine takes as is), the argument checks
-(Engine.check_prompt, check_max_new) and the decode step's sampling and stop rules
-(samplers.sample_and_stop).
+their base class (engine_base.EngineBase: the argument checks, the weight hand-off, the
+decode state born sharded), the prompt and row buckets (slots.pow2_buckets, bucket_for),
+the sampler layout and the per-backend choices (engine.sampler_layout, backend_choices),
+and the decode step's sampling and stop rules (samplers.sample_and_stop). A backend's
+counts come back to the Driver as `ChunkStats` from `fill` and `run_chunk`; the Driver adds
+them up. tests/test_contract.py holds both pairs to every member named here, and to the
+signatures of the methods.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
+
+import jax
 
 
 class DecodeEngine(Protocol):
@@ -37,11 +42,18 @@ class DecodeEngine(Protocol):
     def check_prompt(self, tokens) -> str | None:
         """Why a prompt cannot be served (one line), or None."""
 
-    def check_max_new(self, max_new: int) -> str | None:
+    def check_max_new(self, max_new_tokens: int) -> str | None:
         """Why a request's max new tokens cannot be served, or None."""
 
     def state_shardings(self) -> Any:
         """The decode state's NamedShardings on the engine's mesh."""
+
+    def init_decode_state(self) -> Any:
+        """The empty decode state, born sharded (`LazyState` makes it on first use)."""
+
+    def abstract_state(self) -> Any:
+        """The decode state as ShapeDtypeStructs with their shardings (ada/memory.py
+        counts its bytes per chip from them)."""
 
     def compiles(self) -> dict[str, int]:
         """Compilations made so far, per jitted program."""
@@ -61,12 +73,13 @@ class SlotBackend(Protocol):
         """Nothing runs: free the decode state (Driver.release); it is made again when next
         read."""
 
-    def fill(self) -> None:
-        """Admit queued requests into free slots (prefill what is not cached)."""
+    def fill(self) -> ChunkStats:
+        """Admit queued requests into free slots (prefill what is not cached); returns the
+        prefills it made."""
 
-    def run_chunk(self) -> tuple | None:
-        """One generate chunk: host (tokens, logprobs, valid, active) [slots, K], or None
-        when no request is left running (all preempted)."""
+    def run_chunk(self) -> tuple[tuple | None, ChunkStats]:
+        """One generate chunk: (host (tokens, logprobs, valid, active) [slots, K], its
+        counts), or (None, no counts) when no request is left running (all preempted)."""
 
     def release(self, slot: int) -> None:
         """A request in `slot` finished: give back what it held."""
@@ -79,6 +92,37 @@ class SlotBackend(Protocol):
 
     def stats(self) -> dict:
         """The backend's own counters (merged into Driver.stats)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkStats:
+    """What a backend's `fill` or `run_chunk` did, for the Driver to add up (Driver.counts,
+    Driver.stats): a backend returns its counts and never writes the Driver's."""
+
+    prefills: int = 0  # prefill calls
+    prefilled_prompts: int = 0
+    prefilled_tokens: int = 0
+    chunks: int = 0
+    computed_token_steps: int = 0  # slots a chunk ran x its decode steps
+    attended_positions: int = 0  # cache positions a chunk attended to (its window)
+
+    def __add__(self, other: ChunkStats) -> ChunkStats:
+        return ChunkStats(*(a + b for a, b in zip(dataclasses.astuple(self),
+                                                  dataclasses.astuple(other), strict=True)))
+
+    @staticmethod
+    def prefill(prompts: list) -> ChunkStats:
+        """One prefill call of these prompts (token lists)."""
+        return ChunkStats(prefills=1, prefilled_prompts=len(prompts),
+                          prefilled_tokens=sum(map(len, prompts)))
+
+
+def host_chunk(chunk, slots: int) -> tuple[tuple, ChunkStats]:
+    """A generate chunk (engine.Chunk) run over `slots` slots: its host (tokens, logprobs,
+    valid, active) and its counts."""
+    out = jax.device_get((chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
+    return out, ChunkStats(chunks=1, computed_token_steps=slots * out[0].shape[1],
+                           attended_positions=chunk.window)
 
 
 class LazyState:

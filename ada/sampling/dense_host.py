@@ -8,10 +8,9 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-import jax
 import numpy as np
 
-from ada.sampling.contract import LazyState
+from ada.sampling.contract import ChunkStats, LazyState, host_chunk
 from ada.sampling.slots import Prefix, bucket_for
 
 if TYPE_CHECKING:
@@ -59,12 +58,12 @@ class DenseSlots(LazyState):
             for k in [k for k, (p, _) in self._prefixes.items() if p is victim]:
                 del self._prefixes[k]
 
-    def fill(self) -> None:
+    def fill(self) -> ChunkStats:
         """Admit the queued requests: those whose prompt the LRU holds first, then each new
         prefill call's right after it, so a fill keeps no prefill buffer alive beyond the
         LRU's (ada/memory.py: prefix_bound). One prefill per distinct new prompt, batched by
         prompt-length bucket."""
-        d = self.d
+        d, counts = self.d, ChunkStats()
         waiting: dict[tuple, list] = collections.defaultdict(list)  # prompt -> its requests
         while d.head() is not None:
             slot, seq, r = d.admit()
@@ -78,14 +77,14 @@ class DenseSlots(LazyState):
         for keys in by_bucket.values():
             for i in range(0, len(keys), rows):
                 part = keys[i:i + rows]
-                prefix = self.engine.prefill(d.params, [list(k[1]) for k in part])
-                d.prefills += 1
-                d.prefilled_prompts += len(part)
-                d.prefilled_tokens += sum(len(k[1]) for k in part)
+                prompts = [list(k[1]) for k in part]
+                prefix = self.engine.prefill(d.params, prompts)
+                counts += ChunkStats.prefill(prompts)
                 for row, key in enumerate(part):
                     self._remember(key, prefix, row)
                 self._insert({key: waiting[key] for key in part},
                              {key: (prefix, row) for row, key in enumerate(part)})
+        return counts
 
     def _insert(self, taken: dict, where: dict) -> None:
         """Start each taken request (prompt -> [(slot, seq, request)]) from its prompt's
@@ -106,18 +105,15 @@ class DenseSlots(LazyState):
             self.state = self.engine.insert_many(prefix, self.state, slots, rows,
                                                  step_key, pids, sidxs, mnts)
 
-    def run_chunk(self):
-        """One chunk over the first b slots: host (tokens, logprobs, valid, active)."""
+    def run_chunk(self) -> tuple[tuple, ChunkStats]:
+        """One chunk over the first b slots: host (tokens, logprobs, valid, active), and
+        its counts."""
         d = self.d
         b = bucket_for(max(d.running) + 1, self.engine.slot_buckets)
         filled = max(s.prompt_bucket + len(s.tokens) for s in d.running.values())
         self.state, chunk = self.engine.generate(d.params, self.state, num_slots=b,
                                                  filled=filled)
-        d.attended_positions += chunk.window
-        out = jax.device_get((chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
-        d.chunks += 1
-        d.computed_token_steps += b * out[0].shape[1]
-        return out
+        return host_chunk(chunk, b)
 
     def compact(self) -> None:
         """Move the highest busy slots into the lowest free ones when that lets the next

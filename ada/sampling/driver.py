@@ -47,7 +47,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from ada.sampling.contract import DecodeEngine, SlotBackend
+from ada.sampling.contract import ChunkStats, DecodeEngine, SlotBackend
 
 
 class Detokenizer(Protocol):
@@ -136,12 +136,7 @@ class Driver:
         heapq.heapify(self._free)
         self._seq = itertools.count()
         self.useful_token_steps = 0
-        self.computed_token_steps = 0
-        self.chunks = 0
-        self.attended_positions = 0  # sum over chunks of the attention window
-        self.prefills = 0
-        self.prefilled_prompts = 0
-        self.prefilled_tokens = 0
+        self.counts = ChunkStats()  # the sum of what the backend's fills and chunks did
         self.carried_tokens = 0  # tokens of running requests at a weight change (set_params)
         self.kept_prompts: frozenset[int] = frozenset()
         self.backend: SlotBackend = engine.driver_backend(self)
@@ -237,7 +232,7 @@ class Driver:
     def step(self) -> list[Completion]:
         """Refill, run one jitted chunk, return the responses that finished."""
         done, self._errors = self._errors, []
-        self.backend.fill()
+        self.counts += self.backend.fill()
         if self._slots:
             done.extend(self._run_chunk())
         if not self._queue:
@@ -256,17 +251,17 @@ class Driver:
         return results  # type: ignore[return-value]
 
     def stats(self) -> dict:
+        n = self.counts
         return {
-            "slot_occupancy": self.useful_token_steps / max(self.computed_token_steps, 1),
+            "slot_occupancy": self.useful_token_steps / max(n.computed_token_steps, 1),
             "useful_token_steps": self.useful_token_steps,
-            "computed_token_steps": self.computed_token_steps,
-            "chunks": self.chunks,
+            "computed_token_steps": n.computed_token_steps,
+            "chunks": n.chunks,
             # the mean share of the cache a chunk attended to (window buckets, engine.py)
-            "attention_window": self.attended_positions / max(self.chunks, 1)
-            / self.engine.cache_len,
-            "prefill_calls": self.prefills,
-            "prefilled_prompts": self.prefilled_prompts,
-            "prefilled_tokens": self.prefilled_tokens,
+            "attention_window": n.attended_positions / max(n.chunks, 1) / self.engine.cache_len,
+            "prefill_calls": n.prefills,
+            "prefilled_prompts": n.prefilled_prompts,
+            "prefilled_tokens": n.prefilled_tokens,
             "carried_tokens": self.carried_tokens,
             "compiles": self.engine.compiles(),
             **self.backend.stats(),
@@ -333,7 +328,8 @@ class Driver:
     # -- internals ---------------------------------------------------------------
 
     def _run_chunk(self) -> list[Completion]:
-        out = self.backend.run_chunk()
+        out, counts = self.backend.run_chunk()
+        self.counts += counts
         if out is None:  # every running request was preempted (requeued)
             return []
         tokens, logprobs, valid, active = out

@@ -36,7 +36,8 @@ step copies no cache-sized buffer; tests/test_decode_hlo.py), with S = largest p
 + max_new_tokens; a prompt of bucket P occupies positions [0, P) (left padded), generated
 tokens follow.
 
-Params: `Engine.prepare_params` brings them once per set of weights, in one jitted call,
+Params: `prepare_params` (engine_base.py, the paged engine's too) brings them once per
+set of weights, in one jitted call,
 from wherever they lie (the train mesh; the host or one device, put onto their shards
 first) to the engine's mesh as `sampling_params`: the compute dtype, one buffer per layer,
 and on CPU a [D, V] copy of a tied embedding for the unembedding (`backend_choices`,
@@ -56,7 +57,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -68,14 +68,13 @@ from ada import sharding as shd
 from ada.models.transformer import (
     KVCache,
     ModelConfig,
-    decode_params,
     forward,
-    in_decode_form,
     init_cache,
     positions_from_mask,
     project_logits,
 )
 from ada.sampling.dense_host import DenseSlots
+from ada.sampling.engine_base import EngineBase
 from ada.sampling.samplers import SamplingConfig, sample_and_stop
 from ada.sampling.slots import (
     DecodeState,
@@ -145,13 +144,6 @@ def sampler_layout(config: ModelConfig, num_slots: int, mesh) -> tuple[BackendCh
                               ((vocab,) if isinstance(vocab, str) else vocab or ()))
 
 
-def sampling_params(params, *, config: ModelConfig, unembed_copy: bool = True):
-    """The weights as sampling reads them: in decode form and the compute dtype (the forward
-    casts to it anyway: the same numbers, and half a float32 master's bytes in bfloat16)."""
-    return decode_params(jax.tree.map(lambda x: x.astype(config.compute_dtype), params),
-                         config, unembed_copy=unembed_copy)
-
-
 def prefill_fn(params, tokens_NxP, mask_NxP, *, config: ModelConfig) -> Prefix:
     """Run N left-padded prompts into an [N, P] cache; keep the last position's logits."""
     N, Pl = tokens_NxP.shape
@@ -213,7 +205,7 @@ def generate_fn(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
 # ----------------------------------------------------------------------------- the engine
 
 
-class Engine:
+class Engine(EngineBase):
     """Bucketed, jitted prefill / insert / generate for one model config.
 
     Args:
@@ -294,12 +286,8 @@ class Engine:
                               vocab_shards=self.vocab_shards,
                               read_then_write=self.choices.read_then_write),
             static_argnames=("num_steps", "num_slots", "window"), donate_argnums=(1,))
-        self._sampling_fn = functools.partial(sampling_params, config=config,
-                                              unembed_copy=self.choices.unembed_copy)
-        self._sampling_params = jax.jit(self._sampling_fn)
-        self._handoffs: dict[Mesh, Any] = {}  # replica mesh -> jitted sampling_params
         self._request_key = jax.jit(request_key)
-        self._init = jax.jit(self._empty_state, out_shardings=self.state_placement())
+        self._jit_shared()
 
     def driver_backend(self, driver):
         """The Driver's host side over this engine: a prefix LRU, refills by insert_many,
@@ -324,36 +312,7 @@ class Engine:
             max_new=vec, active=vec, keys=ns(("batch", None), (B, 2)),
         )
 
-    def _constrain(self, state: DecodeState) -> DecodeState:
-        return jax.lax.with_sharding_constraint(state, self.state_shardings())
-
-    def param_shardings(self, params, mesh: Mesh | None = None) -> Any:
-        """NamedShardings of `params` in sampling form on `mesh` (default: the engine's),
-        from ada.sharding's tables: heads, MLP width and vocabulary over tensor."""
-        return shd.param_shardings(jax.eval_shape(self._sampling_fn, params), mesh or self.mesh)
-
-    def prepare_params(self, params):
-        """`sampling_params` on the engine's mesh by one jitted cast + reshard + split: each
-        process takes its own from copies of this mesh (the train mesh, `shd.replica_mesh`);
-        host or one-chip params go onto their shards first (never cast whole on a chip)."""
-        if in_decode_form(params, self.config, self.choices.unembed_copy):
-            return params
-        if self.mesh is None:
-            return self._sampling_params(params)
-        leaf = jax.tree.leaves(params)[0]
-        source = False if isinstance(leaf, jax.core.Tracer) else getattr(leaf, "sharding", None)
-        if source is None or (source and len(source.device_set) == 1 < self.mesh.devices.size):
-            params = jax.device_put(jax.device_get(params), shd.param_shardings(params, self.mesh))
-            source = jax.tree.leaves(params)[0].sharding
-        view = (shd.replica_mesh(self.mesh, source.mesh.devices.flat)
-                if isinstance(source, NamedSharding) else None)
-        if view is None:
-            return jax.device_put(self._sampling_params(params), self.param_shardings(params))
-        cast = self._handoffs.setdefault(view, jax.jit(  # one jit per view: compiled once
-            self._sampling_fn, out_shardings=self.param_shardings(params, view)))
-        return shd.take_replica(cast(params), self.param_shardings(params))
-
-    # -- the contract --------------------------------------------------------
+    # -- the contract (the rest is EngineBase's) ------------------------------
 
     def _empty_state(self) -> DecodeState:
         B, V = self.num_slots, self.config.vocab_size
@@ -362,53 +321,6 @@ class Engine:
                            logits=jnp.zeros((B, V), jnp.float32), positions=vec(),
                            generated=vec(), max_new=vec(), active=vec(bool),
                            keys=jnp.zeros((B, 2), jnp.uint32))
-
-    def state_placement(self):
-        """Where the decode state lives (its shardings on the mesh, else the first local
-        device): committed like generate's outputs, so insert compiles once per bucket."""
-        return (self.state_shardings() if self.mesh is not None
-                else jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
-
-    def init_decode_state(self) -> DecodeState:
-        """The empty decode state, born sharded: one jitted init (compiled once per engine)
-        whose outputs are laid out by `state_placement`, so each chip allocates its own
-        shard. Zeros made eagerly and then placed would first hold the whole cache on one
-        chip (tests/test_born_sharded.py)."""
-        return self._init()
-
-    def abstract_state(self) -> DecodeState:
-        """The state as ShapeDtypeStructs with its shardings: for lowering."""
-        return jax.eval_shape(self._init)
-
-    def lower_init(self):
-        """The init lowered for the engine's devices (abstract TPU chips too): its
-        `compile().memory_analysis()` is the decode state's bytes per chip."""
-        return self._init.lower()
-
-    def check_prompt(self, tokens) -> str | None:
-        """Why a prompt cannot be served (None when it can)."""
-        n = len(tokens)
-        if n == 0:
-            return "empty prompt: give at least one token"
-        if n > self.max_prompt_len:
-            return (f"prompt has {n} tokens, more than the largest prompt bucket "
-                    f"{self.max_prompt_len}; truncate it or raise max_prompt_len")
-        arr = np.asarray(tokens)
-        if arr.dtype.kind not in "iu":
-            return f"prompt token ids must be integers, got dtype {arr.dtype}"
-        bad = arr[(arr < 0) | (arr >= self.config.vocab_size)]
-        if bad.size:
-            return (f"prompt token ids {bad[:5].tolist()} are outside the vocabulary "
-                    f"[0, {self.config.vocab_size}); check the tokenizer matches the model")
-        return None
-
-    def check_max_new(self, max_new_tokens) -> str | None:
-        if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens <= 0:
-            return f"max_new_tokens={max_new_tokens!r} must be a positive integer"
-        if max_new_tokens > self.max_new_tokens:
-            return (f"max_new_tokens={max_new_tokens} exceeds the engine's cap "
-                    f"{self.max_new_tokens}; raise Engine(max_new_tokens=...)")
-        return None
 
     def pad_prompts(self, prompts: list) -> tuple[np.ndarray, np.ndarray]:
         """Left-pad prompts into [N bucket, P bucket] tokens and mask (host side)."""

@@ -44,12 +44,11 @@ from ada.models.paged_attention import (
 from ada.models.transformer import ModelConfig, project_logits
 from ada.sampling.engine import (
     Chunk,
-    Engine,
     bucket_for,
     pow2_buckets,
     sampler_layout,
-    sampling_params,
 )
+from ada.sampling.engine_base import EngineBase
 from ada.sampling.paged_host import PagedSlots
 from ada.sampling.pages import full_reservation_pages, min_pool_pages
 from ada.sampling.samplers import SamplingConfig, sample_and_stop
@@ -181,7 +180,7 @@ def on_shards(mesh: Mesh, batch_axis, heads_axis):
     return attend, copy, gather
 
 
-class PagedEngine:
+class PagedEngine(EngineBase):
     """Jitted, bucketed prefill / attach / stop / generate over one page pool (state
     donated): the engine `sampling.kv_cache = "paged"` builds (ada.setup.make_engine).
 
@@ -211,9 +210,6 @@ class PagedEngine:
     Windows: generate reads the first W columns of the page table, W the smallest of
     `num_windows` equal steps of pages_per_slot that holds every live slot's pages.
     """
-
-    check_prompt = Engine.check_prompt  # the same rules and messages as the dense engine
-    check_max_new = Engine.check_max_new
 
     def __init__(self, config: ModelConfig, *, num_slots: int, max_prompt_len: int,
                  max_new_tokens: int, page_size: int = 16, num_pages: int = 0,
@@ -284,11 +280,7 @@ class PagedEngine:
                               vocab_shards=self.vocab_shards, on_shards=attend, gather=gather,
                               constrain=self._constrain if mesh is not None else None),
             static_argnames=("num_steps",), donate_argnums=(1,))
-        self._sampling_fn = functools.partial(sampling_params, config=config,
-                                              unembed_copy=self.choices.unembed_copy)
-        self._sampling_params = jax.jit(self._sampling_fn)
-        self._handoffs: dict = {}  # replica mesh -> jitted sampling_params (prepare_params)
-        self._init = jax.jit(self._empty_state, out_shardings=self.state_placement())
+        self._jit_shared()
 
     def driver_backend(self, driver):
         """The Driver's host side over this engine: admission, prefix pages, growth and
@@ -311,20 +303,6 @@ class PagedEngine:
         return PagedState(pages=(pages,) * c.num_layers, lengths=vec,
                           logits=ns(("batch", "vocab"), (B, c.vocab_size)), generated=vec,
                           max_new=vec, active=vec, keys=ns(("batch", None), (B, 2)))
-
-    def _constrain(self, state: PagedState) -> PagedState:
-        return jax.lax.with_sharding_constraint(state, self.state_shardings())
-
-    # The weight hand-off is the dense engine's (the same sampling form and layout, the
-    # replica hand-off from the train mesh included).
-    param_shardings = Engine.param_shardings
-    prepare_params = Engine.prepare_params
-
-    # Born sharded as the dense state is (Engine.init_decode_state): one jitted init.
-    state_placement = Engine.state_placement
-    init_state = init_decode_state = Engine.init_decode_state
-    abstract_state = Engine.abstract_state
-    lower_init = Engine.lower_init
 
     def lower_generate(self, params, filled: int | None = None, num_steps: int | None = None):
         """generate's jitted chunk lowered for abstract (ShapeDtypeStruct) or real params at

@@ -37,10 +37,9 @@ from __future__ import annotations
 
 import collections
 
-import jax
 import numpy as np
 
-from ada.sampling.contract import LazyState
+from ada.sampling.contract import ChunkStats, LazyState, host_chunk
 from ada.sampling.pages import PageAllocator, grow_or_preempt
 from ada.sampling.slots import bucket_for
 
@@ -110,8 +109,8 @@ class PagedSlots(LazyState):
 
     # -- the Driver's backend ----------------------------------------------------
 
-    def fill(self) -> None:
-        d, e, a = self.d, self.engine, self.alloc
+    def fill(self) -> ChunkStats:
+        d, e, a, counts = self.d, self.engine, self.alloc, ChunkStats()
         starts, new, pinned = [], {}, set()  # new: key -> PromptPages to prefill
         needed = None
         while (head := d.head()) is not None:
@@ -137,7 +136,7 @@ class PagedSlots(LazyState):
             pinned.add(key)
             self._order[slot], self._admitted = self._admitted, self._admitted + 1
         if not starts:
-            return
+            return counts
         # One prefill per distinct new prompt, batched by prompt-length bucket, at most a
         # row bucket's worth per data shard in a call.
         by_bucket: dict[int, dict] = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -147,11 +146,10 @@ class PagedSlots(LazyState):
         for shards in by_bucket.values():
             for i in range(0, max(map(len, shards.values())), rows):
                 part = [k for keys in shards.values() for k in keys[i:i + rows]]
-                self.state, logits = e.prefill(d.params, self.state, [list(k[1]) for k in part],
+                prompts = [list(k[1]) for k in part]
+                self.state, logits = e.prefill(d.params, self.state, prompts,
                                                [new[k] for k in part])
-                d.prefills += 1
-                d.prefilled_prompts += len(part)
-                d.prefilled_tokens += sum(len(k[1]) for k in part)
+                counts += ChunkStats.prefill(prompts)
                 for row, key in enumerate(part):
                     self._prompts[key] = (new[key], logits, row)
         # One attach call per prefill call (its logits) and step key for all its requests.
@@ -173,10 +171,11 @@ class PagedSlots(LazyState):
         over = len(self._prompts) - d.prefix_cache_size  # after the attaches' copies
         for key in [k for k in self._prompts if k[0] not in d.kept_prompts][:max(over, 0)]:
             self._release(key)
+        return counts
 
-    def run_chunk(self):
+    def run_chunk(self) -> tuple[tuple | None, ChunkStats]:
         """Grow or preempt, then one chunk over every slot: host (tokens, logprobs, valid,
-        active), or None when no request is left running."""
+        active) and its counts, or None when no request is left running."""
         d, e, a = self.d, self.engine, self.alloc
         K = e.chunk_size
         demands = {slot: min(s.prompt_bucket + len(s.tokens) + K,
@@ -202,14 +201,10 @@ class PagedSlots(LazyState):
                 d.requeue(slot)
             self.preemptions += len(victims)
         if not d.running:
-            return None
+            return None, ChunkStats()
         filled = max(s.prompt_bucket + len(s.tokens) for s in d.running.values())
         self.state, chunk = e.generate(d.params, self.state, a.table, filled)
-        d.attended_positions += chunk.window
-        out = jax.device_get((chunk.tokens, chunk.logprobs, chunk.valid, chunk.active))
-        d.chunks += 1
-        d.computed_token_steps += e.num_slots * out[0].shape[1]
-        return out
+        return host_chunk(chunk, e.num_slots)
 
     def release(self, slot: int) -> None:
         self.alloc.free(slot)
