@@ -44,7 +44,7 @@ def decode_floor(engine, params, window: int) -> dict:
     """The least HBM traffic of one decode step per device (bytes): the weights read once,
     every slot's keys and values read once up to `window` (the planned fill), and the
     [slots, V] float32 logits written once and read once by the sampler."""
-    state = with_shardings(jax.eval_shape(engine.init_decode_state), engine.state_shardings())
+    state = engine.abstract_state()
     floor = dict(weights=weights_read(params),
                  kv=device_bytes((state.cache.k, state.cache.v)) * window // engine.cache_len,
                  logits=2 * device_bytes(state.logits))
