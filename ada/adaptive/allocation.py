@@ -28,7 +28,8 @@ get cap 0 and are reported as skipped, as GRESO skips on a prompt's streak; ever
 prompt gets `floor`; a share `explore` of what is left is spread evenly (round robin), so
 no prompt is starved by an over-confident posterior; the rest goes to the largest expected
 increments, never above `max_cap`. Ties go to the lower cap, then the earlier prompt, so the
-result is a pure function of (posteriors, config).
+result is a pure function of (posteriors, config). The defaults (floor 2, explore 0.1,
+skip_above 0.5) are chosen by the simulator's sweep in docs/results.md.
 """
 
 from __future__ import annotations

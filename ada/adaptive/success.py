@@ -21,7 +21,10 @@ exact on resume. Every function is NumPy float64 with a fixed order of operation
 the same (ids, pos, neg) computes the same bits; under several processes the caller
 gathers the step's counts first.
 
-The default half-life is chosen in docs/results.md ("A step's budget across prompts").
+The default half-life, 40 steps, is chosen in docs/results.md ("A step's budget across
+prompts, in the simulator"): on the default run's moving pass rates it tops a plateau from 20
+to 80 steps; at 2 steps the memory forgets before a prompt returns (every ~31 steps there)
+and the allocation's gain is gone.
 """
 
 from __future__ import annotations
