@@ -2,8 +2,10 @@
 float64 references, brute force and today's collection."""
 
 import dataclasses
+import importlib.util
 import itertools
 import math
+import os
 
 import jax
 import numpy as np
@@ -13,13 +15,18 @@ from ada.adaptive import allocation, success
 from ada.adaptive.allocation import AllocConfig, allocate
 from ada.adaptive.collect import Collector
 from ada.adaptive.simulate import (
+    Arm,
     SimulatedDriver,
     SimulatedPolicy,
+    Trajectory,
     prompt_stream,
     rounds_counts,
+    run_arm,
     sim_reward,
 )
 from ada.methods import collect_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_memory_matches_per_draw_reference():
@@ -190,3 +197,28 @@ def test_per_prompt_caps_match_the_study_simulator(prompts, rule):
     with pytest.raises(ValueError, match=r"caps must be 20 integers in \[0, 32\]"):
         Collector(cfg, sim_reward, driver=SimulatedDriver(pol, 9)).collect(
             prompts, jax.random.key(0), caps=caps + 1)
+
+
+def _study():
+    spec = importlib.util.spec_from_file_location(
+        "allocation_sim", os.path.join(ROOT, "experiments", "allocation_sim.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_study_fit_recovers_a_beta_and_runs_are_seeded():
+    """experiments/allocation_sim.py: `fit` recovers Beta(a, b) from its own statistics (the
+    fits of real runs rest on it), and `run_arm` is a pure function of its seed, with GRPO
+    drawing exactly its group per prompt. Breaks if a statistic's formula and its fit drift
+    apart, or the simulator reads unseeded randomness."""
+    study = _study()
+    s = study.beta_stats(np.log([2.5]), np.log([0.4]))
+    a, b = study.fit({k: float(s[k][0]) for k in ("lacking_pos", "draws", "lacking_neg")})
+    assert a == pytest.approx(2.5, rel=0.03) and b == pytest.approx(0.4, rel=0.03)
+    traj = Trajectory((0, 10), ((2.0, 2.0), (4.0, 1.0)))
+    arm = Arm("k", "balance", 8, 4, alloc=AllocConfig("knapsack", budget=64, max_cap=32))
+    one, two = (run_arm(arm, traj, 60, 16, 6, seed=3) for _ in range(2))
+    assert one == two and one["samples"] <= 6 * 64
+    grpo = run_arm(Arm("grpo", "none", 4, 1), traj, 60, 16, 6, seed=3)
+    assert grpo["samples"] == 6 * 16 * 4 and grpo["prompts"] == 6 * 16
