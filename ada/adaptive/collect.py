@@ -11,6 +11,9 @@ counts. Continuous: a fixed number of engine slots stays busy; `DispatchPolicy` 
 active prompt gets each free slot, each finished response is scored at once, and a prompt
 retires the moment its rule holds. Responses still in flight for a retired prompt are
 scored into its pool when they arrive (they count in its statistics and may be selected).
+A collection may take per-prompt caps (`ada.adaptive.allocation`): a prompt then draws at
+most its cap (<= M x N; a round gives it only what is left); without caps each may draw
+M x N, and caps of M x N for all are that same collection bit for bit.
 
 The engine is a slot driver (duck-typed; rounds drain it one round at a time):
   driver.submit(engine_request); driver.free_slots() -> int; driver.step() -> [completion]
@@ -137,16 +140,18 @@ class DispatchPolicy:
     def __init__(self, rule: str, n: int, budget: int):
         self.rule, self.n, self.budget = rules.get_rule(rule), n, budget
 
-    def pick(self, free: int, done, dispatched, inflight, pos, neg) -> list[int]:
+    def pick(self, free: int, done, dispatched, inflight, pos, neg, caps=None) -> list[int]:
+        """`caps`: per prompt, the samples it may draw (default: the budget for all)."""
+        budget = self.budget if caps is None else np.asarray(caps, np.int64)
         dispatched = np.array(dispatched, np.int64)
         inflight = np.array(inflight, np.int64)
         need = self.rule.min_needed(pos, neg, np.asarray(pos) + np.asarray(neg), self.n,
-                                    self.budget)
+                                    budget)
         ids = np.arange(dispatched.shape[0], dtype=np.int64)
-        base = self.budget + 1
+        base = int(np.max(budget, initial=0)) + 1
         out: list[int] = []
         for _ in range(free):
-            eligible = ~np.asarray(done) & (dispatched < self.budget)
+            eligible = ~np.asarray(done) & (dispatched < budget)
             if not eligible.any():
                 break
             covered = (inflight >= need).astype(np.int64)
@@ -241,20 +246,25 @@ class Collector:
     # ------------------------------------------------------------------ public
 
     def collect(self, prompts: Sequence, key: jax.Array,
-                more_prompts: Iterable | None = None) -> Collected:
-        """Collect groups for `prompts` (DAPO also draws from `more_prompts`)."""
-        return run_steps(self.collect_steps(prompts, key, more_prompts), self.driver)
+                more_prompts: Iterable | None = None, caps=None) -> Collected:
+        """Collect groups for `prompts` (DAPO also draws from `more_prompts`). `caps`: per
+        prompt, the samples it may draw (`ada.adaptive.allocation`); None: M x N each."""
+        return run_steps(self.collect_steps(prompts, key, more_prompts, caps), self.driver)
 
     def collect_steps(self, prompts: Sequence, key: jax.Array,
-                      more_prompts: Iterable | None = None) -> Generator:
+                      more_prompts: Iterable | None = None, caps=None) -> Generator:
         """`collect` as a generator of the STEP protocol (module code above `run_steps`):
         returns the Collected."""
         prompts = list(prompts)
         if not prompts:
             raise ValueError("collect() needs at least one prompt")
         t0 = time.perf_counter()
+        if caps is not None and self.config.dynamic_sampling:
+            raise ValueError("per-prompt caps and dynamic_sampling (DAPO) do not combine: "
+                             "DAPO's further batches have no caps; use allocation=none")
         if not self.config.dynamic_sampling:
-            out = yield from self._collect_batch(prompts, key, batch=0, width=len(prompts))
+            out = yield from self._collect_batch(prompts, key, batch=0, width=len(prompts),
+                                                 caps=caps)
         else:
             if more_prompts is None:
                 raise ValueError("dynamic_sampling (DAPO) needs more_prompts=an iterator of "
@@ -292,11 +302,12 @@ class Collector:
         s = pool.stats
         return np.asarray(self._rule.done(s.pos, s.neg, s.seen, self.config.n), bool)
 
-    def _collect_batch(self, prompts: list, key, batch: int, width: int) -> Generator:
+    def _collect_batch(self, prompts: list, key, batch: int, width: int, caps=None) -> Generator:
         """One prompt batch; `batch` numbers DAPO's draws and, with the collection's prompt
         count `width`, sets the global prompt ids (module doc)."""
         cfg = self.config
-        pool = Pool(len(prompts), cfg.budget, cfg.positive_threshold, shift=cfg.positive_threshold)
+        pool = Pool(len(prompts), cfg.budget, cfg.positive_threshold, shift=cfg.positive_threshold,
+                    caps=caps)
         offset = (batch * self.process_count + self.process_index) * width
         counters = {"reward_failures": 0, "late_samples": 0}
         if cfg.scheduler == "rounds":
@@ -309,13 +320,14 @@ class Collector:
         cfg, out = self.config, []
         done = np.zeros(pool.num_prompts, bool)
         for r in range(cfg.max_rounds):
-            active = np.flatnonzero(~done & (pool.dispatched < cfg.budget))
+            active = np.flatnonzero(~done & (pool.dispatched < pool.caps))
             if active.size == 0:
                 break
             t0 = time.perf_counter()
             self.driver.keep_prompts(active + offset)
             reqs = [SampleRequest(int(p) + offset, pool.next_sample_idx(int(p)), prompts[p])
-                    for p in active for _ in range(cfg.samples_per_round)]
+                    for p in active
+                    for _ in range(min(cfg.samples_per_round, pool.caps[p] - pool.dispatched[p]))]
             completions, scored = yield from self._generate_scored(reqs, prompts, offset)
             if len(completions) != len(reqs):
                 raise RuntimeError(f"generate returned {len(completions)} completions for "
@@ -362,14 +374,15 @@ class Collector:
         done = np.zeros(pool.num_prompts, bool)
         t0, rewards, steps = time.perf_counter(), [], 0
         while True:
-            drv.keep_prompts(np.flatnonzero(~done & (pool.dispatched < cfg.budget)) + offset)
+            drv.keep_prompts(np.flatnonzero(~done & (pool.dispatched < pool.caps)) + offset)
             free = drv.free_slots()
-            picks = self.policy.pick(free, done, pool.dispatched, pool.inflight, s.pos, s.neg)
+            picks = self.policy.pick(free, done, pool.dispatched, pool.inflight, s.pos, s.neg,
+                                     pool.caps)
             for p in picks:
                 drv.submit(self.make_request(
                     SampleRequest(p + offset, pool.next_sample_idx(p), prompts[p])))
             if int(pool.inflight.sum()) == 0:
-                if not (free == 0 and np.any(~done & (pool.dispatched < cfg.budget))):
+                if not (free == 0 and np.any(~done & (pool.dispatched < pool.caps))):
                     break  # nothing in flight and no prompt eligible: every prompt done or spent
                 if not getattr(drv, "shared", False):  # shared: the slots are others' (stream)
                     raise RuntimeError("the driver reports no free slots but holds none of our "

@@ -91,8 +91,16 @@ class Pool:
     selection made from it) does not depend on the order in which responses arrive.
     """
 
-    def __init__(self, num_prompts: int, budget: int, threshold: float, shift: float):
+    def __init__(self, num_prompts: int, budget: int, threshold: float, shift: float,
+                 caps=None):
         self.threshold = float(threshold)
+        # per prompt, the samples it may draw (`ada.adaptive.allocation`); all of `budget` if None
+        self.caps = np.full(num_prompts, budget, np.int64) if caps is None else np.asarray(caps,
+                                                                                        np.int64)
+        if (self.caps.shape != (num_prompts,) or self.caps.min(initial=0) < 0
+                or self.caps.max(initial=0) > budget):
+            raise ValueError(f"caps must be {num_prompts} integers in [0, {budget}]: a prompt "
+                             "draws at most M x N; raise samples_per_round or max_rounds")
         self.rewards = np.zeros((num_prompts, budget), np.float64)
         self.valid = np.zeros((num_prompts, budget), bool)
         self.completions: list[dict[int, object]] = [{} for _ in range(num_prompts)]
@@ -114,8 +122,8 @@ class Pool:
     def next_sample_idx(self, prompt: int) -> int:
         """Reserve the next sample index of `prompt` (one request)."""
         idx = int(self.dispatched[prompt])
-        if idx >= self.budget:
-            raise RuntimeError(f"prompt {prompt} is past its budget of {self.budget} samples")
+        if idx >= self.caps[prompt]:
+            raise RuntimeError(f"prompt {prompt} is past its cap of {self.caps[prompt]} samples")
         self.dispatched[prompt] += 1
         return idx
 

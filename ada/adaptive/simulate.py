@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from ada.adaptive import allocation, rules, success
+
 
 @dataclasses.dataclass(frozen=True)
 class SimPrompt:
@@ -273,3 +275,131 @@ def prompt_stream(mix: str, seed: int, start_uid: int = 0) -> Iterator[SimPrompt
         for p in pass_rate_mix(mix, rng, 256):
             yield SimPrompt(uid, float(p))
             uid += 1
+
+
+# ---------------------------------------------------------------- the budget study
+# (ada/adaptive/allocation.py; experiments/allocation_sim.py). Many steps of many prompts need
+# no engine: `rounds_counts` is the collector's rounds scheduler over a fixed outcome table
+# (tests/test_allocation.py holds it to `Collector` over `SimulatedDriver`, cap for cap).
+
+
+def rounds_counts(correct_PxS: np.ndarray, caps, rule: str, n: int, M: int):
+    """Rounds of M per active prompt, each prompt up to its cap, `rule` re-checked after each
+    round, over outcomes `correct_PxS` (response j of prompt i is correct_PxS[i, j]).
+    Returns (drawn, pos, neg, mixed) per prompt; mixed: the kept group holds both kinds,
+    which for every rule and selection fill is pos >= 1 and neg >= 1 (ada/adaptive/select.py)."""
+    rule_done = rules.get_rule(rule).done
+    caps = np.asarray(caps, np.int64)
+    P = caps.size
+    ones = np.concatenate([np.zeros((P, 1), np.int64),
+                           np.cumsum(correct_PxS[:, :max(int(caps.max(initial=0)), 1)], 1)], 1)
+    drawn, done = np.zeros(P, np.int64), np.zeros(P, bool)
+    pos = np.zeros(P, np.int64)
+    while True:
+        active = ~done & (drawn < caps)
+        if not active.any():
+            break
+        drawn = np.where(active, np.minimum(drawn + M, caps), drawn)
+        pos = ones[np.arange(P), drawn]
+        done |= active & np.asarray(rule_done(pos, drawn - pos, drawn, n), bool)
+    neg = drawn - pos
+    return drawn, pos, neg, (pos >= 1) & (neg >= 1)
+
+
+def beta_quantile(u, a: float, b: float) -> np.ndarray:
+    """Quantiles u of Beta(a, b), by inverting its CDF on a logit grid (both tails resolved)."""
+    z = np.linspace(-14.0, 14.0, 8193)
+    x = 1.0 / (1.0 + np.exp(-z))
+    logw = a * np.log(x) + b * np.log1p(-x)  # density in z: x^a (1 - x)^b
+    cdf = np.cumsum(np.exp(logw - logw.max()))
+    return np.interp(u, cdf / cdf[-1], x)
+
+
+def beta_mean(f, a: float, b: float) -> float:
+    """E[f(p)] under Beta(a, b) (f vectorised), by quadrature on the same logit grid."""
+    z = np.linspace(-14.0, 14.0, 8193)
+    x = 1.0 / (1.0 + np.exp(-z))
+    w = np.exp(a * np.log(x) + b * np.log1p(-x) - np.max(a * np.log(x) + b * np.log1p(-x)))
+    return float(np.sum(w * f(x)) / np.sum(w))
+
+
+@dataclasses.dataclass(frozen=True)
+class Trajectory:
+    """Pass rates of a prompt set over RL steps: Beta(a, b) fits at `steps` (log-linear in
+    between, constant outside); each prompt keeps its quantile u, so it stays as hard
+    relative to the others while the whole set moves as the fits do."""
+
+    steps: tuple  # anchor steps, increasing
+    ab: tuple  # (a, b) per anchor
+
+    def rates(self, u: np.ndarray, step: int) -> np.ndarray:
+        la, lb = (np.interp(step, self.steps, np.log([ab[k] for ab in self.ab])) for k in (0, 1))
+        return beta_quantile(u, float(np.exp(la)), float(np.exp(lb)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One collection method in the study: an exit rule and rounds of M within caps that
+    `allocation` sets from the success memory (`none`: M x N for every prompt)."""
+
+    name: str
+    rule: str
+    M: int
+    N: int
+    n: int = 4
+    alloc: object = None  # ada.adaptive.allocation.AllocConfig; None: no allocation
+    half_life: float = success.HALF_LIFE
+    prior_strength: float = success.PRIOR_STRENGTH
+
+
+def run_arm(arm: Arm, traj: Trajectory, num_prompts: int, batch: int, steps: int, seed: int,
+            start: int = 0, measure_from: int = 0) -> dict:
+    """`steps` RL steps of `batch` prompts (epochs of a shuffled set of `num_prompts`) under
+    `arm`, pass rates from `traj` at step start + t. A prompt the allocation skips is replaced
+    by the next prompt of the data (at most 4 x batch drawn per step), as a run would keep the
+    update's shape. Returns totals over steps >= measure_from: samples, mixed groups,
+    signal (sum over mixed groups of p (1 - p)), skipped, and per step draws per prompt."""
+    rng = np.random.default_rng([seed, 11])
+    u = rng.random(num_prompts)
+    mem = success.init(num_prompts)
+    order, pos_in = rng.permutation(num_prompts), 0
+    tot = dict(samples=0, mixed=0, signal=0.0, skipped=0, prompts=0, predicted=0.0)
+    for t in range(steps):
+        p_all = traj.rates(u, start + t)
+        ids, caps, skipped = [], [], 0
+        while len(ids) < batch and skipped < 3 * batch:
+            want = batch - len(ids)
+            if pos_in + want > num_prompts:
+                order, pos_in = rng.permutation(num_prompts), 0
+            cand = order[pos_in:pos_in + want]
+            pos_in += want
+            if arm.alloc is None:
+                ids, caps = list(cand), [arm.M * arm.N] * want
+                break
+            keep = ~allocation.skips(arm.alloc, success.evidence(mem, cand, start + t,
+                                                                 arm.half_life))
+            skipped += int((~keep).sum())
+            ids += list(cand[keep])
+        ids = np.asarray(ids[:batch], np.int64)
+        if ids.size == 0:  # every prompt drawn was skipped: a step with nothing to train
+            tot["skipped"] += skipped if t >= measure_from else 0
+            continue
+        pred = np.zeros(ids.size)
+        if arm.alloc is not None:
+            a, b = success.posterior(mem, ids, start + t, arm.half_life, arm.prior_strength)
+            got = allocation.allocate(arm.alloc, a, b)  # skips were made above
+            caps, pred = got.caps, got.predicted_signal
+        caps = np.asarray(caps, np.int64)
+        p = p_all[ids]
+        correct = rng.random((ids.size, max(int(caps.max()), 1))) < p[:, None]
+        drawn, pos, neg, mixed = rounds_counts(correct, caps, arm.rule, arm.n, arm.M)
+        if arm.alloc is not None:
+            mem = success.update(mem, ids, pos, neg, start + t, arm.half_life)
+        if t >= measure_from:
+            tot["samples"] += int(drawn.sum())
+            tot["mixed"] += int(mixed.sum())
+            tot["signal"] += float(np.sum(mixed * p * (1 - p)))
+            tot["skipped"] += skipped
+            tot["prompts"] += ids.size
+            tot["predicted"] += float(pred.sum())
+    return tot
