@@ -493,8 +493,8 @@ def test_cli_workdir_samples_with_the_latest_checkpoint(run_dir, tmp_path, capsy
     params of its latest checkpoint, not the run's initial ones; --step picks another."""
     from ada.checkpoint import Checkpointer
     from ada.data.iterator import PromptIterator
-    from ada.loop import state_tree
     from ada.models import init_params
+    from ada.run.state import state_tree
 
     built = run_dir["setup"]
     wd = tmp_path / "run"

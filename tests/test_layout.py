@@ -31,7 +31,7 @@ LAYERS = {
     "ada.sampling": 1, "ada.adaptive": 1, "ada.rl": 1, "ada.warmstart": 1,
     "ada.methods": 2, "ada.rollout": 2, "ada.evaluation": 2,
     "ada.config": 3,
-    "ada.setup": 4, "ada.step": 4, "ada.stream": 4,
+    "ada.run": 4, "ada.setup": 4, "ada.step": 4, "ada.stream": 4,
     "ada.loop": 5, "ada.planner": 5, "ada.roofline": 5, "ada.memory": 5,
     "ada.cli": 6,
 }

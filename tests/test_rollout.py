@@ -20,7 +20,7 @@ from ada.models.transformer import decode_params
 from ada.rl.train import TrainConfig, make_train_fns
 from ada.rollout import Rollout
 from ada.sampling.engine import Engine
-from ada.setup import make_engine
+from ada.sampling.backends import make_engine
 from configs import default
 
 
