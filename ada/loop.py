@@ -22,6 +22,7 @@ train step over the global mesh with the fixed [P, n] batch shape.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -35,6 +36,8 @@ from ada.preemption import Preemption
 from ada.run import folder
 from ada.run.build import build
 from ada.run.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 
 def train(config, workdir: str, *, stop_after: int | None = None, force_config: bool = False,
@@ -54,6 +57,8 @@ def train(config, workdir: str, *, stop_after: int | None = None, force_config: 
         setup_s = time.perf_counter() - t_invocation
         resumed = trainer.restore()
         step = start = trainer.state.step
+        if resumed:
+            log.info("resumed from step %d (%s)", start, trainer.ckpt.directory)
         folder.record_config(c, workdir, resume, start)
         writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard, enabled=main,
                                resume_step=start if resumed else None, tracker=tracker)

@@ -85,16 +85,18 @@ class Trainer:
         """One RL step: the stream's next batch, the update, the new weights to the sampler.
         Returns its metrics (host values). Raises RunError if the step before it left
         non-finite parameters."""
-        c, st, stream = self.config, self.state, self.stream
-        step = st.step + 1
+        c, stream = self.config, self.stream
+        step = self.state.step + 1
         t0 = time.perf_counter()
         collected, streamed = stream.next_batch()
         self.observe("collect", step, stream)
         t1 = time.perf_counter()
-        train, m = update_step(st.train, collected, fns=self.setup.fns, method=c.method,
+        train, m = update_step(self.state.train, collected, fns=self.setup.fns, method=c.method,
                                layout=self.layout, normalize_std=c.adaptive.normalize_std,
                                ref_params=self.ref_params,
                                update_diagnostics=c.log.update_diagnostics, version=step - 1)
+        # at once: the step donated the old train state's buffers, which nothing may keep
+        st = self.state = dataclasses.replace(self.state, train=train, step=step)
         self.observe("update", step, stream)
         stream.set_params(train.params, step)
         self.observe("handoff", step, stream)
@@ -107,8 +109,7 @@ class Trainer:
         guard = {"skipped_steps": st.guard["skipped_steps"] + skipped,
                  "skipped_in_row": st.guard["skipped_in_row"] + 1 if skipped else 0}
         m["skipped_steps"] = guard["skipped_steps"]
-        self.state = dataclasses.replace(st, train=train, step=step, counters=counters,
-                                         guard=guard)
+        self.state = dataclasses.replace(st, counters=counters, guard=guard)
         previous, self._finite = self._finite, (step, _all_finite(train.params))
         self._check_finite(previous)
         return m
