@@ -111,7 +111,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, force_config: 
 def _summary(c, workdir: str, trainer: Trainer, step: int, stopped, saved, t_invocation) -> dict:
     """The run's summary; at the end of training (not stopped) its Hugging Face export
     (checkpoint.export_hf) and summary.json."""
-    summary = {"steps": step, "seconds": trainer.seconds(),
+    summary = {"steps": step, "seconds": trainer.state.seconds,
                "invocation_seconds": time.perf_counter() - t_invocation,
                "samples_total": trainer.state.counters["samples_total"], "method": c.method}
     main = distributed.is_main()

@@ -57,7 +57,7 @@ class Trainer:
         self.saved: int | None = None  # the latest step saved (its write may be in flight)
         self.stream: Stream | None = None
         self._finite = None  # (step, its all-finite flag on the device), not yet read
-        self._clock = (time.perf_counter(), 0.0)  # (this segment's start, earlier seconds)
+        self._clock = None  # (this segment's first step's start, the earlier segments' seconds)
 
     def restore(self) -> bool:
         """Resume from the latest checkpoint if there is one (True), then start the stream
@@ -73,7 +73,6 @@ class Trainer:
                                   "settings, or start a new run with another --workdir") from None
             self.iterator.set_state(self.state.data)
             self.saved = self.state.step
-        self._clock = (time.perf_counter(), self.state.seconds)
         c, st = self.config, self.state
         self.stream = Stream(self.setup.rollout, st.train.params, self.iterator, st.key,
                              max_staleness=c.rl.max_staleness, version=st.step,
@@ -88,6 +87,8 @@ class Trainer:
         c, stream = self.config, self.stream
         step = self.state.step + 1
         t0 = time.perf_counter()
+        if self._clock is None:
+            self._clock = (t0, self.state.seconds)
         collected, streamed = stream.next_batch()
         self.observe("collect", step, stream)
         t1 = time.perf_counter()
@@ -110,6 +111,7 @@ class Trainer:
                  "skipped_in_row": st.guard["skipped_in_row"] + 1 if skipped else 0}
         m["skipped_steps"] = guard["skipped_steps"]
         self.state = dataclasses.replace(st, counters=counters, guard=guard)
+        self._tick()
         previous, self._finite = self._finite, (step, _all_finite(train.params))
         self._check_finite(previous)
         return m
@@ -142,9 +144,13 @@ class Trainer:
     def _last(self) -> str:
         return f"step {self.saved}" if self.saved else "none"
 
-    def seconds(self) -> float:
-        """Training seconds so far, over every segment of the run."""
-        return self._clock[1] + time.perf_counter() - self._clock[0]
+    def _tick(self) -> None:
+        """The state's training seconds (every segment's, saved with it) to now: the end of a
+        step or of its eval. The first eval of a new run is not training."""
+        if self._clock is not None:
+            start, earlier = self._clock
+            self.state = dataclasses.replace(self.state,
+                                             seconds=earlier + time.perf_counter() - start)
 
     def evaluate(self) -> dict:
         """The run's held-out avg@k / pass@k (eval section) of the current params, the same
@@ -154,6 +160,7 @@ class Trainer:
         out = evaluate_policy(self.stream.sampler(s.eval_rollout), self.state.train.params,
                               s.eval_records, samples=c.eval.samples, pass_k=c.eval.pass_k,
                               threshold=c.adaptive.positive_threshold, seed=c.seed)
+        self._tick()
         self.observe("eval", self.state.step, self.stream)
         return out
 
@@ -161,8 +168,7 @@ class Trainer:
         """Start checkpointing the current state (the write runs while the next steps do);
         with the data position after its batch: the batches in flight are drawn again."""
         self.check_finite()
-        self.state = dataclasses.replace(self.state, data=self.stream.data_state(),
-                                         seconds=self.seconds())
+        self.state = dataclasses.replace(self.state, data=self.stream.data_state())
         self.state.save(self.ckpt, self.config.method)
         self.saved = self.state.step
         self.observe("save", self.saved, self.stream)
