@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import re
-import sys
 import traceback
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -41,6 +40,7 @@ import ml_collections
 from ada import methods, paths
 from ada.adaptive.collect import CollectConfig
 from ada.data.sources import BAD_ROW_POLICIES
+from ada.errors import ConfigError, fail  # noqa: F401 (fail: for the commands)
 from ada.knobs import RENAMED, base_config, describe, leaves  # noqa: F401 (describe: for the CLI)
 from ada.methods import METHODS
 from ada.rl.losses import LossConfig
@@ -59,16 +59,6 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
 
 
 WANDB_MODES = ("", "online", "offline", "disabled")
-
-
-class ConfigError(ValueError):
-    """A bad config, override or path; its message is one line meant for the user."""
-
-
-def fail(e: Exception) -> int:
-    """The one way a command line reports a user error: one line on stderr, exit code 2."""
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    return 2
 
 
 # ----------------------------------------------------------------------------- loading

@@ -158,7 +158,7 @@ def pass_rates(records: Sequence[dict], rollout: Rollout, params, *, k: int, see
     whichever command, chunk or resume computed them. Results are appended to `cache_path`
     chunk by chunk (a killed run samples only what is missing). `settings` says what made
     the rates (policy, template, sampling, reward, k, seed, threshold: build it with
-    `ada.setup.pass_rate_settings`); it is stored beside the cache as CACHE.settings.json,
+    `ada.run.passrates.pass_rate_settings`); it is stored beside the cache as CACHE.settings.json,
     and a cache made with other settings is refused rather than mixed.
     """
     check_cache_settings(cache_path, settings)

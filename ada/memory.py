@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import jax
 
-from ada import setup
+from ada.config import train_config
 from ada.models.paged_attention import page_bytes
 from ada.rl import train as rl
 from ada.roofline import device_bytes
+from ada.sampling.backends import make_engine
 
 PREFIX_CACHE_SIZE = 64  # the Driver's prefix_cache_size: prefill rows (dense) kept between rounds
 PHASES = ("init", "prefill", "generate", "update", "handoff", "eval", "save")
@@ -137,16 +138,16 @@ def ledger(resident: dict[str, int], transient: dict[str, int], in_flight: bool,
 
 def run_resident(config, model_cfg, train_mesh, sampling_mesh) -> dict:
     """The resident parts of `config` on these meshes (real or abstract chips), its engines
-    built as the run builds them (setup.build: eval gets its own engine only for another
+    built as the run builds them (ada.run.build: eval gets its own engine only for another
     temperature or length), with the cache and attention its sampler runs. Computed once
     per plan and passed down (`run_memory`, `plan_memory`, planner.make_plan's `held`)."""
     c, e = config, config.eval
-    engine = setup.make_engine(c, model_cfg, None, sampling_mesh)
+    engine = make_engine(c, model_cfg, None, sampling_mesh)
     eval_new = e.max_new_tokens or c.sampling.max_new_tokens
     same = e.temperature == c.sampling.temperature and eval_new == c.sampling.max_new_tokens
-    eval_engine = engine if same else setup.make_engine(
+    eval_engine = engine if same else make_engine(
         c, model_cfg, None, sampling_mesh, temperature=e.temperature, max_new_tokens=eval_new)
-    tc = setup.train_config(c)
+    tc = train_config(c)
     fns = rl.make_train_fns(model_cfg, tc, train_mesh)
     kept = (c.rl.max_staleness + 1) * c.data.prompts_per_step // jax.process_count()
     resident = resident_parts(model_cfg, tc, fns, engine, eval_engine, kl=c.loss.kl_coef > 0,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 
 from ada import sharding as shd
-from ada.config import ConfigError
+from ada.errors import ConfigError
 
 
 def role_devices(config) -> tuple[list, list]:

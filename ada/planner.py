@@ -52,9 +52,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ada import config as cfglib
-from ada import memory, methods, setup
+from ada import memory, methods
 from ada import sharding as shd
-from ada.config import ConfigError
+from ada.config import ConfigError, train_config
 from ada.hlo_bytes import EXPLAIN_GROUPS, collectives, costings, group_ops, hlo_op_bytes
 from ada.models.hf_config import CheckpointError, read_config
 from ada.models.known import KNOWN, known
@@ -69,6 +69,8 @@ from ada.roofline import (
     prefill_floor,
     with_shardings,
 )
+from ada.run.policy import check_context_window, model_config_for
+from ada.sampling.backends import make_engine
 from ada.sampling.bucket_moves import cache_sized_moves
 from ada.sampling.pages import slots_that_fit
 from ada.tokenizer import load_tokenizer
@@ -101,7 +103,7 @@ def resolve_model(config, model_name: str | None):
     vocab = config.tokenizer.vocab_size
     if config.tokenizer.path:
         vocab = load_tokenizer(config.tokenizer.path).vocab_size
-    return setup.model_config_for(config, types.SimpleNamespace(vocab_size=vocab))
+    return model_config_for(config, types.SimpleNamespace(vocab_size=vocab))
 
 
 def check_config(config, model_name: str | None):
@@ -111,7 +113,7 @@ def check_config(config, model_name: str | None):
         c.data.train_path = c.data.eval_path = c.model.path = ""
     cfglib.validate(c)
     model = resolve_model(config, model_name)
-    setup.check_context_window(config, model)
+    check_context_window(config, model)
     return model
 
 
@@ -368,7 +370,7 @@ def compiled_paged(config, model_cfg, mesh, params, planned: dict, held: int, hb
     to fit beside the held train state by the compiler's peak; a miss redraws the count on
     the line through the sampler's fixed bytes and that peak (at most four tries)."""
     paged = paged_variant(config)
-    engine = setup.make_engine(paged, model_cfg, None, mesh)
+    engine = make_engine(paged, model_cfg, None, mesh)
     log(f"the paged generate at {engine.num_slots} slots ({engine.attention})")
     table = engine.num_slots * engine.pages_per_slot * 4  # the page table, int32, replicated
     args = engine.lower_generate(params).compile().memory_analysis().argument_size_in_bytes
@@ -381,7 +383,7 @@ def compiled_paged(config, model_cfg, mesh, params, planned: dict, held: int, hb
         if slots < data:
             break
         paged.sampling.num_pages = data * (1 + math.ceil(slots // data * per_slot))
-        engine = setup.make_engine(paged, model_cfg, None, mesh, num_slots=slots)
+        engine = make_engine(paged, model_cfg, None, mesh, num_slots=slots)
         log(f"the paged generate at {slots} slots, {engine.num_pages} pages (the mean fill)")
         state = engine.abstract_state()
         fig = compile_phase(engine.lower_generate(params), device_bytes((params, state)))
@@ -412,8 +414,8 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
                               f"one host of {where}", exact=False)
     mesh_on = lambda devs: shd.make_mesh((data, 1, tensor), sorted(devs, key=lambda d: d.id)
                                          [:data * tensor])  # as ada.sharding.local_mesh
-    sampling_mesh, tc = mesh_on(host), setup.train_config(config)
-    engine = setup.make_engine(config, model_cfg, None, sampling_mesh)
+    sampling_mesh, tc = mesh_on(host), train_config(config)
+    engine = make_engine(config, model_cfg, None, sampling_mesh)
     stacked = rl.abstract_state(model_cfg, rl.TrainConfig()).params
     params = with_shardings(jax.eval_shape(engine._sampling_fn, stacked),
                             engine.param_shardings(stacked))
@@ -435,14 +437,14 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     log(f"the train step ({rows} x {seq} tokens)")
     ph["train"] = plan_train(model_cfg, tc, train_mesh, rows, seq, probe=bool(chip and train_estimate))
     log("the reshard and prefill")
-    ph["reshard"] = plan_reshard(setup.make_engine(config, model_cfg, None, mesh_on(first),
+    ph["reshard"] = plan_reshard(make_engine(config, model_cfg, None, mesh_on(first),
                                                    num_slots=engine.num_slots),
                                  stacked, train_mesh)
     ph["prefill"] = plan_prefill(engine, params, ops=bool(chip))
 
     def generate_at(slots, steps=None, ops=False):
         log(f"generate at {slots} slots{' (one step: the cost probe)' if steps else ''}")
-        return plan_generate(setup.make_engine(config, model_cfg, None, sampling_mesh,
+        return plan_generate(make_engine(config, model_cfg, None, sampling_mesh,
                                                num_slots=slots), params, steps, ops=ops)
 
     ph["generate"] = generate_at(engine.num_slots, ops=bool(chip))
@@ -469,7 +471,7 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         p["fits"] = (all(fits(f, hbm) for f in ph.values())
                      and all(f["fits"] for f in p["memory"]["phases"].values()))
     if buckets:
-        paged = setup.make_engine(paged_variant(config), model_cfg, None, sampling_mesh)
+        paged = make_engine(paged_variant(config), model_cfg, None, sampling_mesh)
         p["buckets"] = cache_sized_moves([engine, paged], params, lambda name: log(
             f"the bucket {name}"))
     slots = engine.num_slots if fits(ph["generate"], hbm or math.inf) else p["max_num_slots"]

@@ -39,7 +39,7 @@ Where it runs (rl.sampler_devices):
                     in the caller's thread until the batch is complete; the gain is the
                     drain. Deterministic for every k.
   disaggregated (N) this process's last N devices sample on a thread of their own, the
-                    others train (ada/setup.py). The sampler never waits for the trainer
+                    others train (ada/meshes.py). The sampler never waits for the trainer
                     but by the bound: it admits the next cohorts, and new weights (handed
                     across by `Engine.prepare_params`, device to device) take effect
                     between two chunks. Which version samples which token then depends on

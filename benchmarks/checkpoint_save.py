@@ -1,13 +1,13 @@
-"""A checkpoint save against the step it follows, on the default run (the real training loop).
+"""A checkpoint save against the step it follows, on the default run, through the Trainer.
 
-Runs `ada.loop.train` on configs/default.py, unchanged, with a save every `--every` steps,
-and reads each step's seconds (sampling + update) from the run's own metrics.jsonl. Then it
-saves the run's last state (restored from the run's checkpoint onto the device, as the run
-holds it) `--saves` times through `ada.checkpoint.Checkpointer`, the class the loop saves
-with: the call alone (orbax's async save returns once the state is copied off the device;
-the write runs beside the next step) and the call plus `wait_until_finished` (a synchronous
-save, what ada did before). Nothing is patched; every figure is a ratio against the step
-time measured in the same process.
+Builds the run of configs/default.py, unchanged, and drives it with `ada.run.trainer.Trainer`
+(the seam the loop uses: nothing is patched), timing each `Trainer.step` (sampling + update)
+and saving every `--every` steps with `Trainer.save`. Then it saves the run's last state
+(`RunState.save`, its arrays where the run holds them) `--saves` times to a scratch folder:
+the call alone (orbax's async save returns once the state is copied off the device; the
+write runs beside the next step) and the call plus `wait_until_finished` (a synchronous
+save, what ada did before). Every figure is a ratio against the step time measured in the
+same process.
 
   step_s          median step (sampling + update) with no write in flight
   after_save_s    median step that ran while the previous step's write finished
@@ -32,6 +32,7 @@ the first device that holds it (replica 0).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -43,35 +44,38 @@ import jax
 import numpy as np
 
 from ada import config as cfglib
-from ada import loop
 from ada.checkpoint import Checkpointer
-from ada.metrics import read_jsonl
+from ada.run.build import build
+from ada.run.trainer import Trainer
 
 
-def step_times(workdir: str, every: int) -> tuple[list[float], list[float]]:
-    """Seconds (sampling + update) of the run's steps after the first (it compiles): those
-    with no write in flight, and those that ran beside the previous step's write."""
+def run_steps(trainer: Trainer, steps: int, every: int) -> tuple[list[float], list[float]]:
+    """Seconds of each `Trainer.step` after the first (it compiles), saving every `every`
+    steps and at the last: those with no write in flight, and those that ran beside the
+    previous step's write."""
     plain, after = [], []
-    for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")):
-        if r.get("step", 0) > 1 and "time_update_s" in r:
-            (after if (r["step"] - 1) % every == 0 else plain).append(
-                r["time_collect_s"] + r["time_update_s"])
+    for step in range(1, steps + 1):
+        t = time.perf_counter()
+        trainer.step()
+        if step > 1:
+            (after if (step - 1) % every == 0 else plain).append(time.perf_counter() - t)
+        if step % every == 0 or step == steps:
+            trainer.save()
     return plain, after
 
 
-def time_saves(workdir: str, saves: int) -> tuple[list[float], list[float]]:
-    """(save call, save call + write) seconds of the run's latest checkpointed state, saved
-    `saves` times to a fresh directory, the first save (orbax's set-up) left out."""
-    state, meta = Checkpointer(os.path.join(workdir, "checkpoints")).restore_params()
-    jax.block_until_ready(state)
+def time_saves(trainer: Trainer, saves: int) -> tuple[list[float], list[float]]:
+    """(save call, save call + write) seconds of the run's current state, saved `saves`
+    times to a fresh directory, the first save (orbax's set-up) left out."""
     calls, writes = [], []
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Checkpointer(os.path.join(tmp, "saves"), keep=2)
         try:
             for i in range(saves + 1):
                 ckpt.wait_until_finished()
+                state = dataclasses.replace(trainer.state, step=i)
                 t = time.perf_counter()
-                ckpt.save(i, state, meta)
+                state.save(ckpt, trainer.config.method)
                 call = time.perf_counter() - t
                 ckpt.wait_until_finished()
                 if i:
@@ -87,12 +91,19 @@ def measure(overrides, steps: int, every: int, saves: int, workdir: str) -> dict
         ("train.steps", str(steps)), ("checkpoint.every", str(every)),
         ("eval.every", "0"), ("log.progress", "false"), ("log.plots", "false"),
         *overrides])
-    loop.train(config, workdir)
-    plain, after = step_times(workdir, every)
-    if not plain:
-        raise SystemExit(f"--steps {steps} --every {every}: no step after the first ran with "
-                         "no write in flight; raise --steps or --every")
-    calls, writes = time_saves(workdir, saves)
+    cfglib.validate(config, workdir)
+    trainer = Trainer(config, workdir, build(config))
+    try:
+        trainer.restore()
+        plain, after = run_steps(trainer, steps, every)
+        if not plain:
+            raise SystemExit(f"--steps {steps} --every {every}: no step after the first ran "
+                             "with no write in flight; raise --steps or --every")
+        calls, writes = time_saves(trainer, saves)
+    except BaseException:
+        trainer.close(failed=True)
+        raise
+    trainer.close()
     med = statistics.median
     out = {"step_s": med(plain), "after_save_s": med(after) if after else None,
            "save_call_s": med(calls), "save_sync_s": med(writes), "steps": steps,
@@ -105,14 +116,14 @@ def measure(overrides, steps: int, every: int, saves: int, workdir: str) -> dict
 
 def host_bytes(spec: str, model: str, topology: str) -> dict:
     """{process index: bytes of the train state it writes} on `topology`'s train mesh."""
-    from ada import planner, setup, tpu
+    from ada import planner, tpu
     from ada import sharding as shd
     from ada.rl import train as rl
 
     devices, _ = tpu.tpu_devices(topology)
     config = cfglib.build_config(spec)
     model_cfg = planner.resolve_model(config, model)
-    m, tc = config.mesh, setup.train_config(config)
+    m, tc = config.mesh, cfglib.train_config(config)
     mesh = shd.make_mesh(planner.mesh_sizes((m.data, m.fsdp, m.tensor), len(devices), "mesh",
                                             topology, exact=True), devices)
     state = rl.abstract_state(model_cfg, tc)

@@ -31,12 +31,13 @@ import jax
 import numpy as np
 from train_step import matmul_floor, matmul_gflops  # benchmarks/ is on the path
 
-from ada import setup
 from ada.adaptive.simulate import pass_rate_mix
+from ada.config import collect_config, train_config
 from ada.models import init_params, preset
 from ada.rl.batch import BatchLayout
-from ada.rl.train import TrainConfig
+from ada.rl.train import TrainConfig, make_train_fns
 from ada.rollout import Rollout
+from ada.sampling.backends import make_engine
 from ada.step import rl_step
 from configs.common import base, set_method
 
@@ -104,11 +105,11 @@ class Timed:
 def bench_method(args, method: str, params, model_cfg, batches) -> dict:
     c = config_for(args, method)
     tokenizer = IdTokenizer()
-    engine = setup.make_engine(c, model_cfg, tokenizer, temperature=c.sampling.temperature,
+    engine = make_engine(c, model_cfg, tokenizer, temperature=c.sampling.temperature,
                                max_new_tokens=c.sampling.max_new_tokens)
-    rollout = Rollout(engine, tokenizer, setup.collect_config(c), reward)
-    tc = dataclasses.replace(setup.train_config(c), unroll_layers=args.unroll_layers)
-    fns = setup.make_train_fns(model_cfg, tc, None)
+    rollout = Rollout(engine, tokenizer, collect_config(c), reward)
+    tc = dataclasses.replace(train_config(c), unroll_layers=args.unroll_layers)
+    fns = make_train_fns(model_cfg, tc, None)
     collect, logps, train = Timed(rollout.collect), Timed(fns.logps), Timed(fns.train_step)
     rollout.collect = collect
     fns = dataclasses.replace(fns, train_step=train, logps=logps)

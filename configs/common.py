@@ -2,14 +2,13 @@
 
 Config files start from `base()` and change what their setup needs. `set_method` picks
 one of the methods of `ada.methods` (the only thing that differs between GRPO, Ada-pos and
-Ada-balance runs of the same setup).
+Ada-balance runs of the same setup). Configs import no part of ada (as big_vision's import
+only ml_collections): they are leaves, and `ada.config.validate` checks the method name.
 """
 
 from __future__ import annotations
 
 import ml_collections
-
-from ada import methods
 
 
 def base() -> ml_collections.ConfigDict:
@@ -199,7 +198,7 @@ def base() -> ml_collections.ConfigDict:
 
 def set_method(c: ml_collections.ConfigDict, method: str | None) -> ml_collections.ConfigDict:
     if method is not None:
-        c.method = methods.get(method).name
+        c.method = method  # checked by ada.config.validate, with the methods to choose from
     return c
 
 

@@ -1,5 +1,5 @@
 """The synchronous RL loop as a reference: `ada.step.rl_step` (collect, then update) step
-after step, set up as ada/loop.py sets up a run. tests/test_stream.py holds the stream at
+after step, set up as ada/run/trainer.py sets up a run. tests/test_stream.py holds the stream at
 rl.max_staleness = 0 to it, bit for bit; run as a script it is one process of a multi-
 process reference:
 
@@ -13,16 +13,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ada import setup
 from ada import sharding as shd
-from ada.loop import prompts_and_layout
 from ada.metrics import is_timing
+from ada.run.build import build, prompts_and_layout
 from ada.step import rl_step
 
 
 def run(cfg, steps: int):
     """(metrics of each step, final params on the host) of `steps` synchronous steps."""
-    s = setup.build(cfg)
+    s = build(cfg)
     iterator, layout = prompts_and_layout(cfg, s)
     state = s.fns.init_state(s.params)
     ref_params = jax.tree.map(jnp.copy, state.params) if cfg.loss.kl_coef > 0 else None

@@ -43,7 +43,7 @@ def test_bad_data_row_is_one_line_naming_the_knob(tmp_path, row, what):
 
 def test_on_bad_row_skip_trains_on_the_good_rows(tmp_path):
     from ada import config as C
-    from ada import setup
+    from ada.data.task import load_task
 
     data = tmp_path / "train.jsonl"
     data.write_text('{"problem": "What is 1+1?", "answer": "2"}\n{"problem": "oops"\n'
@@ -51,7 +51,7 @@ def test_on_bad_row_skip_trains_on_the_good_rows(tmp_path):
     cfg = C.build_config(DEFAULT, [("data.source", "jsonl"), ("data.train_path", str(data)),
                                    ("data.on_bad_row", "skip")])
     C.validate(cfg)
-    assert [r["answer"] for r in setup.load_task(cfg).train] == ["2", "5"]
+    assert [r["answer"] for r in load_task(cfg).train] == ["2", "5"]
 
 
 @pytest.fixture(scope="module")
@@ -119,18 +119,21 @@ def test_training_warns_when_many_prompts_are_too_long(tmp_path, caplog):
     import numpy as np
 
     from ada import config as C
-    from ada import setup
+    from ada.data.encode import encode_records
+    from ada.data.task import load_task
+    from ada.run.build import build
+    from ada.run.policy import load_tokenizer_for
 
     cfg = C.build_config(DEFAULT, [("warmstart.enabled", "false"), ("data.num_train", "64"),
                                    ("data.level_mix", "1:1,3:1"),
                                    ("warmstart.cache_dir", str(tmp_path / "cache"))])
-    task = setup.load_task(cfg)
-    tok = setup.load_tokenizer_for(cfg, task)
+    task = load_task(cfg)
+    tok = load_tokenizer_for(cfg, task)
     lengths = [len(r["prompt_tokens"]) for r in
-               setup.encode_records(task.train, tok, cfg.tokenizer.template, 10**6)[0]]
+               encode_records(task.train, tok, cfg.tokenizer.template, 10**6)[0]]
     cfg.data.max_prompt_len = int(np.median(lengths))
-    with caplog.at_level(logging.WARNING, logger="ada.setup"):
-        s = setup.build(cfg)
+    with caplog.at_level(logging.WARNING, logger="ada.run.build"):
+        s = build(cfg)
     assert 0 < s.dropped_prompts < len(task.train)
     msg = " ".join(r.getMessage() for r in caplog.records)
     assert f"{s.dropped_prompts} of {len(task.train)} training prompts" in msg

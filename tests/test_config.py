@@ -146,17 +146,17 @@ def test_method_override_equals_the_config_argument():
 def test_threshold_range_agrees_with_the_collector(threshold, ok):
     """The run config and CollectConfig accept the same thresholds: positive iff r > thr,
     so thr may equal the reward range's low end but not its high end."""
-    from ada import setup
+    from ada.config import collect_config
 
     cfg = C.build_config(DEFAULT, [("adaptive.positive_threshold", str(threshold))])
     if ok:
         C.validate(cfg)
-        assert setup.collect_config(cfg).positive_threshold == threshold
+        assert collect_config(cfg).positive_threshold == threshold
     else:
         with pytest.raises(C.ConfigError, match="positive_threshold"):
             C.validate(cfg)
         with pytest.raises(ValueError, match="threshold"):
-            setup.collect_config(cfg)
+            collect_config(cfg)
 
 
 def test_methods_are_defined_once():
@@ -189,28 +189,28 @@ def test_sweep_prints_one_validated_command_per_point(tmp_path, capsys):
 
 
 def test_prompt_plus_response_past_the_context_window_is_one_line():
-    from ada import setup
     from ada.models import preset
+    from ada.run.policy import check_context_window
 
     model_cfg = preset("tiny", vocab_size=96)  # 4096 positions, as Qwen2.5-Math
     ok = C.build_config(DEFAULT, [("data.max_prompt_len", "1024"),
                                   ("sampling.max_new_tokens", "2048")])
-    setup.check_context_window(ok, model_cfg)
+    check_context_window(ok, model_cfg)
     bad = C.build_config(DEFAULT, [("data.max_prompt_len", "1024"),
                                    ("sampling.max_new_tokens", "4096")])
     with pytest.raises(C.ConfigError, match=r"1024 \+ 4096 = 5120 .* 4096 positions"):
-        setup.check_context_window(bad, model_cfg)
+        check_context_window(bad, model_cfg)
 
 
 @pytest.mark.parametrize("name", PAPER)
 def test_paper_configs_fit_their_models_context(name):
-    from ada import setup
     from ada.models import known
+    from ada.run.policy import check_context_window
 
     cfg = C.load_config(os.path.join(ROOT, "configs", f"{name}.py"))
     model_cfg = {"qwen25_math_1p5b": known.QWEN25_MATH_1_5B, "qwen25_math_7b": known.QWEN25_MATH_7B,
                  "llama32_3b": known.LLAMA32_3B, "qwen3_4b": known.QWEN3_4B}[name]
-    setup.check_context_window(cfg, model_cfg)
+    check_context_window(cfg, model_cfg)
 
 
 @pytest.mark.parametrize("key, value", [("sampling.num_slots", "0"), ("sampling.chunk_size", "0"),

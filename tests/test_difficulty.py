@@ -28,12 +28,14 @@ import pytest
 from tiny_hf import make_tiny_hf
 
 from ada import config as C
-from ada import setup
 from ada.cli import difficulty
 from ada.data.sources import DataError
 from ada.evaluation import pass_rates, prompt_id_for
 from ada.models.hf import load_hf
 from ada.rollout import Rollout
+from ada.run.build import build
+from ada.run.passrates import PASS_RATE_SEED
+from ada.sampling.backends import make_engine
 from ada.sampling.driver import Driver, Request
 from ada.templates import encode_prompt, render_prompt
 from ada.tokenizer import load_tokenizer, train_sentencepiece
@@ -117,7 +119,7 @@ def cli_args(d, inp, out, *extra):
 
 @pytest.fixture(scope="module")
 def engine(policy, tmp_path_factory):
-    """The engine the command builds for cli_args (`setup.make_engine` on its config)."""
+    """The engine the command builds for cli_args (`make_engine` on its config)."""
     d, tok, _, cfg = policy
     tmp = tmp_path_factory.mktemp("engine")
     args = difficulty.build_parser().parse_args(cli_args(d, write_jsonl(tmp / "i.jsonl", []),
@@ -126,7 +128,7 @@ def engine(policy, tmp_path_factory):
     assert (config.tokenizer.template, config.data.max_prompt_len,
             config.sampling.max_new_tokens, config.sampling.num_slots) == (
         "plain", MAX_PROMPT, MAX_NEW, SLOTS)
-    return setup.make_engine(config, cfg, tok)
+    return make_engine(config, cfg, tok)
 
 
 def test_prompt_id_is_a_stable_hash_of_the_id():
@@ -382,13 +384,13 @@ def save_run(workdir, config):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A run directory with no checkpoint, built once by `setup.build` with
+    """A run directory with no checkpoint, built once by `build` with
     data.pass_rate_range set: its pass rates are in the one file under passrates/."""
     tmp = tmp_path_factory.mktemp("run")
     train = write_jsonl(tmp / "train.jsonl", TRAIN)
     config = run_config(train, tmp / "cache", ("data.pass_rate_range", "(0.0, 0.5)"))
     save_run(tmp / "run", config)
-    built = setup.build(config)
+    built = build(config)
     caches = glob.glob(str(tmp / "cache" / "passrates" / "*.jsonl"))
     assert len(caches) == 1, caches
     return {"dir": tmp / "run", "config": config, "setup": built, "train": train,
@@ -408,9 +410,9 @@ def test_setup_pass_rate_filter_matches_the_driver(run_dir):
     entries = {e["id"]: e for e in read_jsonl(run_dir["cache"])}
     assert sorted(entries) == sorted(r["id"] for r in TRAIN)
     recs = list(TRAIN)
-    engine = setup.make_engine(config, built.model_cfg, built.tokenizer)
+    engine = make_engine(config, built.model_cfg, built.tokenizer)
     _, ref = reference(engine, built.params, built.tokenizer, "plain", recs, K,
-                       setup.PASS_RATE_SEED)
+                       PASS_RATE_SEED)
     np.testing.assert_array_equal([entries[r["id"]]["rewards"] for r in recs], ref)
     assert 0 < ref.sum() < ref.size
     n = (ref > config.adaptive.positive_threshold).sum(1)
@@ -455,7 +457,7 @@ def test_template_change_invalidates_the_pass_rate_cache(run_dir, capsys, monkey
     before = open(run_dir["cache"], "rb").read()
     config = copy.deepcopy(run_dir["config"])
     config.tokenizer.template = "qwen3"
-    setup.build(config)
+    build(config)
     caches = sorted(glob.glob(os.path.join(os.path.dirname(run_dir["cache"]), "*.jsonl")))
     assert len(caches) == 2 and run_dir["cache"] in caches
     other = next(c for c in caches if c != run_dir["cache"])
@@ -470,7 +472,7 @@ def test_template_change_invalidates_the_pass_rate_cache(run_dir, capsys, monkey
 
     with monkeypatch.context() as m:
         m.setattr(Driver, "generate_all", no_engine)
-        setup.build(copy.deepcopy(run_dir["config"]))
+        build(copy.deepcopy(run_dir["config"]))
 
     # the command: a chat template this run's tokenizer cannot encode is refused before any
     # sampling; another prompt text (the instruction) on the run's cache is refused by name
@@ -493,8 +495,8 @@ def test_cli_workdir_samples_with_the_latest_checkpoint(run_dir, tmp_path, capsy
     params of its latest checkpoint, not the run's initial ones; --step picks another."""
     from ada.checkpoint import Checkpointer
     from ada.data.iterator import PromptIterator
-    from ada.loop import state_tree
     from ada.models import init_params
+    from ada.run.state import state_tree
 
     built = run_dir["setup"]
     wd = tmp_path / "run"
@@ -516,7 +518,7 @@ def test_cli_workdir_samples_with_the_latest_checkpoint(run_dir, tmp_path, capsy
     cached = {e["id"]: e["rewards"] for e in read_jsonl(summary["cache"])}
     cached = np.array([cached[r["id"]] for r in recs])
 
-    engine = setup.make_engine(run_dir["config"], built.model_cfg, built.tokenizer)
+    engine = make_engine(run_dir["config"], built.model_cfg, built.tokenizer)
     tok = built.tokenizer
     ckpt_ids, from_ckpt = reference(engine, trained, tok, "plain", recs, K, 3)
     init_ids, from_init = reference(engine, built.params, tok, "plain", recs, K, 3)

@@ -124,7 +124,7 @@ def test_evaluate_help_says_every_default():
 def test_evaluate_takes_the_flag_its_unknown_token_hint_names(run_dir, tmp_path, capsys):
     """The <unk> warning suggests --config.tokenizer.path; evaluate accepts it (and any
     --config.a.b override) where it used to stop at 'unrecognized arguments'."""
-    from ada.setup import unknown_tokens_message
+    from ada.data.encode import unknown_tokens_message
 
     class Tok:
         unk_id = 0

@@ -116,11 +116,11 @@ def test_suite_errors_are_one_line_before_the_model_loads(run_dir, tmp_path, cap
                                                           monkeypatch):
     """A missing benchmark file, an unknown suite, a Hub that cannot be reached (offline) or
     no `datasets` package, and flags that do not go with --suite: each one line naming the
-    fix, exit 2, and no model loaded (setup.load_run is never reached). Breaking it: a
+    fix, exit 2, and no model loaded (ada.run.saved.load_run is never reached). Breaking it: a
     traceback, a second line, or the model loading first."""
-    from ada import setup
+    from ada.run import saved
 
-    monkeypatch.setattr(setup, "load_run", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(saved, "load_run", lambda *a, **k: pytest.fail("the model loaded"))
     suite = ["--workdir", str(run_dir), "--suite", "paper"]
     (tmp_path / "math500.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')
     line = _one_error(suite + ["--data_dir", str(tmp_path)], capsys)

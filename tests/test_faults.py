@@ -610,7 +610,7 @@ def test_non_finite_steps_stop_the_run_and_are_never_checkpointed(tmp_path, env,
 
 
 def test_resuming_with_another_model_is_refused_before_writing(tmp_path, env, preempted):
-    from ada import setup
+    from ada.run.saved import load_run
 
     _, src = preempted
     wd = tmp_path / "run"
@@ -623,7 +623,7 @@ def test_resuming_with_another_model_is_refused_before_writing(tmp_path, env, pr
                            "model.preset='small'")
     assert "--force_config" in line and "another --workdir" in line
     assert tree_hash(wd) == before  # nothing written: config.json, metrics, checkpoints
-    run_ = setup.load_run(str(wd))  # what ada.evaluate and ada-serve load still loads
+    run_ = load_run(str(wd))  # what ada.evaluate and ada-serve load still loads
     assert run_.step is not None and run_.model_cfg.hidden_size == 64
 
 
@@ -723,8 +723,9 @@ def test_text_the_tokenizer_cannot_read_is_warned_once(tmp_path, preempted, caps
     import logging
 
     from ada import config as C
-    from ada import setup
     from ada.cli import eval as eval_cli
+    from ada.run.build import build
+    from ada.run.saved import load_run
 
     _, wd = preempted
     gsm = "Natalia sold clips to 48 of her friends in April, and then she sold half as many."
@@ -738,11 +739,11 @@ def test_text_the_tokenizer_cannot_read_is_warned_once(tmp_path, preempted, caps
 
     # training: held-out prompts from the benchmark, with the run's own tokenizer
     cfg = C.load_run_config(str(wd))
-    tok = setup.load_run(str(wd)).tokenizer
+    tok = load_run(str(wd)).tokenizer
     cfg.tokenizer.path = tok.path
     cfg.data.source, cfg.data.train_path, cfg.data.eval_path = "jsonl", str(bench), str(bench)
     cfg.data.max_prompt_len, cfg.data.prompts_per_step = 128, 2
-    with caplog.at_level(logging.WARNING, logger="ada.setup"):
-        setup.build(cfg)
+    with caplog.at_level(logging.WARNING, logger="ada.run.build"):
+        build(cfg)
     said = [r.getMessage() for r in caplog.records if "unknown to the tokenizer" in r.getMessage()]
     assert len(said) == 2 and "training prompts" in said[0] and "held-out prompts" in said[1]

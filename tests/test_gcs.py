@@ -76,10 +76,10 @@ def test_a_gs_run_killed_or_preempted_mid_run_resumes_to_the_same_rows(gcs):
     flight). The preempted one checkpoints and exits 143; each, resumed by the same command,
     ends with the same metrics rows; evaluate / serve's loader and the planner's --run read
     the run from gs://."""
-    from ada import setup
     from ada.checkpoint import complete_steps
     from ada.cli.plan import observed_response_len
     from ada.metrics import read_jsonl
+    from ada.run.saved import load_run
 
     whole, steps = f"gs://{BUCKET}/whole", 6
     stops = {f"gs://{BUCKET}/killed": signal.SIGKILL, f"gs://{BUCKET}/preempted": signal.SIGTERM}
@@ -111,7 +111,7 @@ def test_a_gs_run_killed_or_preempted_mid_run_resumes_to_the_same_rows(gcs):
         assert rows(wd) == rows(whole), wd
     assert [x["step"] for x in rows(whole)] == list(range(steps + 1))
     assert complete_steps(f"{whole}/checkpoints") == [steps - 1, steps]  # keep=2
-    loaded = setup.load_run(whole)
+    loaded = load_run(whole)
     assert loaded.step == steps and loaded.policy == f"{whole}/checkpoints/{steps}"
     assert observed_response_len(whole) >= 1
 

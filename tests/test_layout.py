@@ -4,15 +4,19 @@ only in ada/cli/.
 Layers, bottom up (a module imports only from its own layer or below, at module level or
 inside a function):
 
-  foundations   tokenizer, templates, models, data, rewards, sharding, metrics, checkpoint, ...
+  foundations   errors, tokenizer, templates, models, data, rewards, sharding, meshes,
+                metrics, checkpoint, ... (anything not listed in LAYERS)
   core          sampling, adaptive, rl, warmstart (pure functions and their jitted forms)
   method        methods (the table), rollout (sampling for the loop), evaluation
   config        config (loads and validates a whole run: reads the method table)
-  run           setup (config -> pieces, a saved run -> its policy), step (one RL step),
-                stream (the sampler across steps), meshes (devices per role)
+  run           run/ (build: config -> pieces; trainer, state, folder, saved: a saved run
+                -> its policy), step (one RL step), stream (the sampler across steps),
+                setup (a deprecated re-export)
   loop          loop (the training loop), planner (a config on a TPU slice), roofline,
                 memory (what a run holds per chip, phase by phase)
   commands      ada/cli/: every command line
+
+docs/design.md's table is this one; configs/ import no part of ada (test_configs_are_leaves).
 
 The `python -m` paths of the commands (ada.runner, ada.evaluate, ...) are one-line shims
 that only call their ada/cli module; no other module has a `__main__` block or argparse.
@@ -31,7 +35,7 @@ LAYERS = {
     "ada.sampling": 1, "ada.adaptive": 1, "ada.rl": 1, "ada.warmstart": 1,
     "ada.methods": 2, "ada.rollout": 2, "ada.evaluation": 2,
     "ada.config": 3,
-    "ada.setup": 4, "ada.step": 4, "ada.stream": 4, "ada.meshes": 4,
+    "ada.run": 4, "ada.step": 4, "ada.stream": 4,
     "ada.loop": 5, "ada.planner": 5, "ada.roofline": 5, "ada.memory": 5,
     "ada.cli": 6,
 }
@@ -109,6 +113,21 @@ def test_no_upward_imports(graph):
     up = [f"{m} (layer {layer(m)}) imports {d} (layer {layer(d)})"
           for m, deps in sorted(graph.items()) for d in sorted(deps) if layer(d) > layer(m)]
     assert not up, "\n".join(up)
+
+
+def test_configs_are_leaves():
+    """configs/*.py import no part of ada, as big_vision's import only ml_collections: a
+    config file is read before anything of the library needs to be (knobs, --print_config),
+    and a config importing ada would stack the library's floors on top of the knob table."""
+    found = []
+    for f in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+        if f.endswith(".py"):
+            tree = ast.parse(open(os.path.join(ROOT, "configs", f)).read())
+            found += [f"configs/{f}: {ast.unparse(n)}" for n in ast.walk(tree)
+                      if isinstance(n, ast.Import | ast.ImportFrom)
+                      and any((getattr(n, "module", None) or a.name).split(".")[0] == "ada"
+                              for a in n.names)]
+    assert not found, "\n".join(found)
 
 
 def test_modules_are_small():

@@ -148,7 +148,7 @@ def assert_same_adam_steps(single, multi):
     from ada.checkpoint import Checkpointer
     from ada.config import load_run_config
     from ada.rl.optimizer import OptimConfig
-    from ada.setup import load_run
+    from ada.run.saved import load_run
 
     cfg = load_run_config(single)
     optim, steps = OptimConfig(**cfg.optim), cfg.train.steps

@@ -548,7 +548,7 @@ def test_make_engine_builds_the_kernel_on_tpu_and_it_compiles_for_v5e():
     from ada import config as C
     from ada import sharding as shd
     from ada import tpu
-    from ada.setup import make_engine
+    from ada.sampling.backends import make_engine
 
     c = known("qwen2.5-math-1.5b").replace(  # head_dim 128 (the kernel's), 2 KV heads
         hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512, vocab_size=4096,

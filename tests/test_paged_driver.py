@@ -143,7 +143,7 @@ def test_paged_knobs_and_their_errors():
     """sampling.kv_cache / page_size / num_pages: defaults, --print_config lines, and one
     line naming the knob for a bad value or a pool too small for one request; the factory
     builds the paged engine."""
-    from ada.setup import make_engine
+    from ada.sampling.backends import make_engine
 
     base = C.build_config(DEFAULT)
     assert (base.sampling.kv_cache, base.sampling.num_pages) == ("dense", 0)

@@ -19,8 +19,8 @@ from ada.models import init_params, preset
 from ada.models.transformer import decode_params
 from ada.rl.train import TrainConfig, make_train_fns
 from ada.rollout import Rollout
+from ada.sampling.backends import make_engine
 from ada.sampling.engine import Engine
-from ada.setup import make_engine
 from configs import default
 
 

@@ -177,9 +177,10 @@ def test_kl_temperature_minibatches_and_hf_export_end_to_end(tmp_path, cache):
     assert rows[-1]["kl"] > 0  # the policy moved away from the frozen reference
 
     out = summary["hf"]
-    from ada import setup
+    from ada.data.task import load_task
+    from ada.run.policy import load_tokenizer_for
 
-    tok = setup.load_tokenizer_for(cfg, setup.load_task(cfg))
+    tok = load_tokenizer_for(cfg, load_task(cfg))
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.vocab_size == tok.vocab_size
     hf_tok = AutoTokenizer.from_pretrained(out)

@@ -37,9 +37,10 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run directory with two checkpoints (steps 3 and 5) of a tiny random policy."""
-    from ada import setup
     from ada.checkpoint import Checkpointer
+    from ada.data.task import load_task
     from ada.models import init_params
+    from ada.run.policy import load_tokenizer_for, model_config_for
 
     tmp = tmp_path_factory.mktemp("serverun")
     cfg = C.build_config(DEFAULT, [("warmstart.enabled", "false"), ("data.num_train", "64"),
@@ -49,8 +50,8 @@ def run_dir(tmp_path_factory):
     wd.mkdir()
     with open(wd / "config.json", "w") as f:
         json.dump(cfg.to_dict(), f)
-    tok = setup.load_tokenizer_for(cfg, setup.load_task(cfg))
-    model_cfg = setup.model_config_for(cfg, tok)
+    tok = load_tokenizer_for(cfg, load_task(cfg))
+    model_cfg = model_config_for(cfg, tok)
     ckpt = Checkpointer(str(wd / "checkpoints"))
     for step, seed in ((3, 1), (5, 2)):  # std 0.3: outputs differ between prompts
         ckpt.save(step, {"params": init_params(model_cfg, jax.random.key(seed), std=0.3)}, {})
@@ -276,8 +277,9 @@ def test_help_and_core_imports_stay_light():
     r = subprocess.run([sys.executable, "-m", "ada.serve", "--help"], capture_output=True,
                        text=True, env=ENV, timeout=120, cwd=ROOT)
     assert r.returncode == 0 and "--workdir" in r.stdout and "--step" in r.stdout, r.stderr
-    code = ("import sys, ada.setup, ada.cli.serve, ada.serve; print(sorted({m.split('.')[0] for m in "
-            "sys.modules} & {'tensorflow', 'tensorflow_datasets', 'jetstream', 'grpc'}))")
+    code = ("import sys, ada.run.build, ada.run.saved, ada.cli.serve, ada.serve; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'tensorflow', 'tensorflow_datasets', 'jetstream', 'grpc'}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
                        timeout=120, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr[-2000:]

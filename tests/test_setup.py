@@ -7,8 +7,12 @@ import types
 import pytest
 
 from ada import config as C
-from ada import setup, warmstart
+from ada import warmstart
 from ada.config import ConfigError
+from ada.data.encode import encode_records
+from ada.data.task import Task, load_task
+from ada.run.passrates import filter_by_pass_rate
+from ada.run.policy import initial_params, load_tokenizer_for, model_config_for
 
 
 class CharTokenizer:
@@ -19,7 +23,7 @@ class CharTokenizer:
 
 
 def arithmetic_task(records):
-    return setup.Task(records, [], None, lambda r: " " + r["answer"], "arithmetic")
+    return Task(records, [], None, lambda r: " " + r["answer"], "arithmetic")
 
 
 def test_noisy_teacher_answers_near_misses_in_the_stated_share():
@@ -71,12 +75,12 @@ def test_noisy_teacher_phase_continues_from_the_cached_exact_phase(tmp_path):
             ("warmstart.teacher_noise", noise), ("warmstart.noise_steps", noise_steps),
             ("warmstart.cache_dir", str(tmp_path))])
         C.validate(c)
-        task = setup.load_task(c)
-        tok = setup.load_tokenizer_for(c, task)
-        records, _ = setup.encode_records(task.train, tok, c.tokenizer.template,
+        task = load_task(c)
+        tok = load_tokenizer_for(c, task)
+        records, _ = encode_records(task.train, tok, c.tokenizer.template,
                                           c.data.max_prompt_len)
-        model_cfg = setup.model_config_for(c, tok)
-        return c, task, tok, records, model_cfg, setup.initial_params(c, model_cfg, tok, task,
+        model_cfg = model_config_for(c, tok)
+        return c, task, tok, records, model_cfg, initial_params(c, model_cfg, tok, task,
                                                                       records)
 
     c, task, tok, records, model_cfg, (exact, _) = start("0.0", "0")
@@ -118,13 +122,13 @@ def test_pass_rate_filter_keeps_the_range_and_caches(tmp_path):
         ("data.pass_rate_range", "(0.25, 0.5)"), ("data.pass_rate_samples", str(k)),
         ("data.prompts_per_step", "4"), ("warmstart.cache_dir", str(tmp_path))])
     rollout = FakeRollout(correct_of)
-    kept = setup.filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})
+    kept = filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})
     assert [r["id"] for r in kept] == [r["id"] for r in records
                                        if 0.25 <= correct_of[r["id"]] / k <= 0.5]
     calls = rollout.calls
-    again = setup.filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})
+    again = filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})
     assert [r["id"] for r in again] == [r["id"] for r in kept] and rollout.calls == calls
 
     c.data.prompts_per_step = len(kept) + 1
     with pytest.raises(ConfigError, match="widen the range"):
-        setup.filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})
+        filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})

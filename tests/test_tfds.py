@@ -145,7 +145,7 @@ def test_runner_trains_two_steps_from_tfds(tiny, tmp_path):
 @needs_tfds
 def test_config_source_by_version_folder_and_eval_cap(tiny):
     from ada import config as C
-    from ada import setup
+    from ada.data.task import load_task
     from ada.rewards.math_verifier import math_reward
 
     data_dir, version_dir = tiny
@@ -153,7 +153,7 @@ def test_config_source_by_version_folder_and_eval_cap(tiny):
         "", **{"data.tfds_name": str(version_dir), "data.tfds_data_dir": "",
                "data.tfds_eval_split": "train", "data.num_eval": "3"}).items()))
     C.validate(cfg)
-    task = setup.load_task(cfg)
+    task = load_task(cfg)
     assert [r["problem"] for r in task.train] == [r["question"] for r in ROWS]
     assert len(task.eval) == 3 and task.reward is math_reward
 
@@ -171,26 +171,26 @@ def test_config_source_by_version_folder_and_eval_cap(tiny):
 ])
 def test_bad_tfds_input_is_one_line_naming_the_knob(tiny, change, want):
     from ada import config as C
-    from ada import setup
     from ada.config import ConfigError
+    from ada.data.task import load_task
 
     data_dir, _ = tiny
     cfg = C.build_config(DEFAULT, list(_overrides(data_dir, **change).items()))
     C.validate(cfg)
     with pytest.raises(ConfigError) as e:
-        setup.load_task(cfg)
+        load_task(cfg)
     assert want in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_tfds_not_installed_names_the_extra(monkeypatch, tmp_path):
     from ada import config as C
-    from ada import setup
     from ada.config import ConfigError
+    from ada.data.task import load_task
 
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
     cfg = C.build_config(DEFAULT, list(_overrides(tmp_path).items()))
     with pytest.raises(ConfigError, match=r"^data.source=tfds: .*pip install 'ada\[tfds\]'"):
-        setup.load_task(cfg)
+        load_task(cfg)
 
 
 def test_validate_needs_a_tfds_name_and_an_existing_data_dir(tmp_path):

@@ -9,5 +9,6 @@
 
 The `python -m` paths are kept by one-line modules at those places (ada/runner.py,
 ada/evaluate.py, ...) that only call these. A user error ends a command with one
-`error: ...` line and exit code 2 (`ada.config.fail`).
+`error: ...` line and exit code 2 (`ada.errors.fail`). The top layer: a command may
+import any module of ada, and nothing imports a command but its `python -m` shim.
 """

@@ -10,13 +10,13 @@
 Flags are written --a_b as in the other commands; the --a-b spellings still work.
 
 Runs length filter -> dedup -> unparseable gold -> pass rates -> keep. Pass rates come from
-`ada.evaluation.pass_rates`: k draws per prompt through the run's engine (`setup.make_engine`),
+`ada.evaluation.pass_rates`: k draws per prompt through the run's engine (`ada.sampling.backends.make_engine`),
 record r drawing as prompt `prompt_id_for(r)` (a hash of its id), scored by the run's reward
 (or --reward). Every prompt's result is appended to --cache (default
 OUTPUT.passrates.jsonl) chunk by chunk, so a killed run restarted with the same arguments
 samples only the prompts not done yet; a rerun with another pass-rate range re-filters
 without sampling; one with another policy, template, sampling setting, reward or seed is
-refused (CACHE.settings.json records them: `setup.pass_rate_settings`). It writes the kept
+refused (CACHE.settings.json records them: `ada.run.passrates.pass_rate_settings`). It writes the kept
 records (with `pass_rate`) as JSONL and prints the counts as JSON:
 input = too_long + duplicates + unparseable + filtered + kept.
 
@@ -138,12 +138,16 @@ def policy_config(args):
 
 def run(args) -> dict:
     """The command's work; returns the summary it prints."""
-    from ada import setup
+    from ada.data.encode import encode_records
     from ada.data.preprocess import EASY_FILTER, HARD_FILTER, preprocess
     from ada.data.sources import DataError, write_jsonl
+    from ada.data.task import load_reward, reward_spec
     from ada.evaluation import pass_rates
     from ada.models.hf_config import check_vocab
     from ada.rollout import Rollout
+    from ada.run.passrates import pass_rate_settings
+    from ada.run.saved import load_run
+    from ada.sampling.backends import make_engine
     from ada.templates import check_template_tokens, get_template
 
     _check_args(args)
@@ -161,27 +165,27 @@ def run(args) -> dict:
         get_template(config.tokenizer.template)
     except ValueError as e:
         raise ConfigError(f"--template: {e}") from None
-    reward = setup.load_reward(setup.reward_spec(config), "--reward")
+    reward = load_reward(reward_spec(config), "--reward")
     records = cli_args.load_file("--input", args.input, args, config.data.problem_key,
                                  config.data.answer_key)
-    policy = setup.load_run(args.workdir or None, args.step, config=config)
+    policy = load_run(args.workdir or None, args.step, config=config)
     try:
         check_template_tokens(policy.tokenizer, config.tokenizer.template)
         check_vocab(policy.model_cfg, policy.tokenizer.vocab_size)
     except ValueError as e:
         raise ConfigError(f"--template / the model's tokenizer: {e}") from None
     max_len = config.data.max_prompt_len
-    records_fit, too_long = setup.encode_records(records, policy.tokenizer,
+    records_fit, too_long = encode_records(records, policy.tokenizer,
                                                  config.tokenizer.template, max_len,
                                                  args.instruction)
     if not records_fit:
         raise DataError(f"{args.input}: none of {len(records)} prompts fits "
                         f"--max_prompt_tokens {max_len}")
-    engine = setup.make_engine(config, policy.model_cfg, policy.tokenizer)
+    engine = make_engine(config, policy.model_cfg, policy.tokenizer)
     rollout = Rollout(engine, policy.tokenizer, None, reward)
     params = engine.prepare_params(policy.params)  # onto the sampler's shards, once
     cache = args.cache or args.output + ".passrates.jsonl"
-    settings = setup.pass_rate_settings(config, policy.policy, cfg.k, args.instruction, args.seed)
+    settings = pass_rate_settings(config, policy.policy, cfg.k, args.instruction, args.seed)
     counts = {}
 
     def rates(recs):

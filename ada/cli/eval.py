@@ -149,27 +149,27 @@ def encode_eval(records, run, config, limit: int, what: str = "prompts") -> tupl
     """(the first `limit` records that fit data.max_prompt_len, with prompt_tokens in the
     run's template; the lengths of those too long): too long ones are skipped and said (all
     of them: refused), a text the tokenizer cannot read is warned about."""
-    from ada import setup
+    from ada.data.encode import encode_records, too_long_message, unknown_tokens_message
 
     max_len = config.data.max_prompt_len
-    encoded, too_long = setup.encode_records(records, run.tokenizer, config.tokenizer.template,
-                                             max_len)
+    encoded, too_long = encode_records(records, run.tokenizer, config.tokenizer.template,
+                                       max_len)
     if too_long:
-        msg = setup.too_long_message(what, len(records), too_long, max_len, "--max_prompt_len")
+        msg = too_long_message(what, len(records), too_long, max_len, "--max_prompt_len")
         if not encoded:
             raise ConfigError(msg.replace("are skipped", "nothing is left to evaluate"))
         print(f"warning: {msg}", file=sys.stderr)
-    if message := setup.unknown_tokens_message(what, encoded, run.tokenizer):
+    if message := unknown_tokens_message(what, encoded, run.tokenizer):
         print(f"warning: {message}", file=sys.stderr)
     return (encoded[:limit] if limit else encoded), too_long
 
 
 def sample_eval(config, run, max_new_tokens: int):
     """The eval engine for responses of up to `max_new_tokens`, and the run's params on it."""
-    from ada import setup
+    from ada.sampling.backends import make_engine
 
-    engine = setup.make_engine(config, run.model_cfg, run.tokenizer,
-                               temperature=config.eval.temperature, max_new_tokens=max_new_tokens)
+    engine = make_engine(config, run.model_cfg, run.tokenizer,
+                         temperature=config.eval.temperature, max_new_tokens=max_new_tokens)
     return engine, engine.prepare_params(run.params)  # from the host onto its shards, once
 
 
@@ -185,16 +185,17 @@ def score_eval(config, run, engine, params, encoded, reward) -> dict:
 
 
 def evaluate_run(args, overrides=()) -> dict:
-    from ada import setup
+    from ada.data.task import load_reward, load_task
+    from ada.run.saved import load_run
 
     config = eval_config(args, overrides)
-    run = setup.load_run(args.workdir or None, args.step, config=config)
+    run = load_run(args.workdir or None, args.step, config=config)
     if args.benchmark:  # a math benchmark, scored by the verifier, in the run's template
         records = cli_args.load_file("--benchmark", args.benchmark, args,
                                      config.data.problem_key, config.data.answer_key)
-        reward = setup.load_reward("math")
+        reward = load_reward("math")
     else:
-        task = setup.load_task(config)
+        task = load_task(config)
         records, reward = task.eval, task.reward
     encoded, too_long = encode_eval(records, run, config, args.limit)
     e = config.eval
@@ -218,7 +219,8 @@ def evaluate_run(args, overrides=()) -> dict:
 
 def evaluate_suite(args, overrides=()) -> dict:
     """The suite's results, each benchmark's written to --json as soon as it is done."""
-    from ada import setup
+    from ada.data.task import load_reward
+    from ada.run.saved import load_run
     from ada.evaluation import weighted_average
 
     check_args(args)  # an unknown --suite before the suite's defaults are read
@@ -227,7 +229,7 @@ def evaluate_suite(args, overrides=()) -> dict:
     args.temperature = suite.temperature if args.temperature is None else args.temperature
     config = eval_config(args, overrides)
     records = load_suite(suite, args.data_dir)  # every file, before the model loads
-    run = setup.load_run(args.workdir or None, args.step, config=config)
+    run = load_run(args.workdir or None, args.step, config=config)
     e, s = config.eval, config.sampling
     lengths = {b.name: args.max_new_tokens or b.max_new_tokens for b in suite.benchmarks}
     settings = dict(
@@ -241,7 +243,7 @@ def evaluate_suite(args, overrides=()) -> dict:
     done = out["benchmarks"]
     if done:
         print(f"resuming from {args.json}: {', '.join(done)} done", file=sys.stderr)
-    reward = setup.load_reward("math")
+    reward = load_reward("math")
     engines = {}  # one engine (and one copy of the params on it) per response length
     for b in suite.benchmarks:
         if b.name in done:

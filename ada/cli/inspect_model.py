@@ -44,7 +44,7 @@ def inspect_run(workdir: str, step: int | None = None) -> dict:
 
     from ada.checkpoint import complete_steps, stored_tree
     from ada.config import load_run_config
-    from ada.setup import model_config_for
+    from ada.run.policy import model_config_for
 
     try:
         config = load_run_config(workdir)

@@ -8,7 +8,7 @@ behind JetStream's gRPC server (optional extra: `pip install 'ada[jetstream]'`).
 A text request is a problem: it is rendered with the run's prompt template and encoded by
 the run's tokenizer, as training prompts were. A token request is prefilled as given and
 answered with token ids. Decoding is greedy unless --temperature is set, on the engine ada
-samples with (`setup.make_engine`: this host's devices as the run's sampling.mesh, or
+samples with (`ada.sampling.backends.make_engine`: this host's devices as the run's sampling.mesh, or
 --mesh, lays them out) through `ada.sampling.serving`.
 Bad input (no run or model, no checkpoint at --step, a port in use, the extra missing) ends
 the command with one line `error: ...` and exit code 2 before any weight is read. A request
@@ -145,7 +145,8 @@ def check_port(host: str, port: int) -> None:
 def load_served(args, config, label: str, step: int | None) -> Served:
     """The engine, weights and tokenizer to serve (`resolve(args)` gives config, label and
     step), built as the run samples."""
-    from ada import setup
+    from ada.run.saved import load_run
+    from ada.sampling.backends import make_engine
     from ada.sampling.serving import ServedTokenizer
     from ada.templates import get_template
 
@@ -170,8 +171,8 @@ def load_served(args, config, label: str, step: int | None) -> Served:
     config.sampling.kv_cache = args.kv_cache or config.sampling.kv_cache
     config.sampling.num_pages = 0
     try:  # a ValueError here is an unreadable tokenizer, model config or weights
-        run = setup.load_run(args.workdir, step, config=config)
-        engine = setup.make_engine(config, run.model_cfg, run.tokenizer,
+        run = load_run(args.workdir, step, config=config)
+        engine = make_engine(config, run.model_cfg, run.tokenizer,
                                    temperature=args.temperature, max_new_tokens=max_new)
     except (ValueError, OSError) as e:
         raise ConfigError(str(e).splitlines()[0]) from None

@@ -135,7 +135,8 @@ def run(config, args, command: str, preemption: Preemption) -> int:
     from ada import distributed, quiet, watch
     from ada.checkpoint import StorageError
     from ada.config import ConfigError, fail
-    from ada.loop import RunError, train
+    from ada.loop import train
+    from ada.run.trainer import RunError
 
     preemption.budget_s = config.checkpoint.preemption_budget_s
     preemption.watched()  # a signal now: exit at once, and tell the run's other processes

@@ -1,7 +1,9 @@
-"""Prompt data: file / TFDS sources, synthetic tasks, the training iterator,
-preprocessing.
+"""Prompt data: file / TFDS sources, synthetic tasks, a run's task and reward (task.py),
+prompt encoding (encode.py), the training iterator, preprocessing.
 
 The TFDS source is an optional extra: `from ada.data.tfds_source import load_tfds`.
+A foundation: it may import only other foundations (errors, rewards, templates, tokenizer;
+tests/test_layout.py), never the sampler, the config or the run.
 """
 
 from ada.data.iterator import PromptIterator

@@ -7,7 +7,7 @@
 `get_reward_fn(name)` returns one of these. Score batches with ada.rewards.score.score,
 which uses a reward's `score_batch` (math: parallel verifier workers) and holds any reward,
 including user ones, to the contract. Importing this package does not import sympy; the
-math verifier is loaded on first use.
+math verifier is loaded on first use. A foundation: rewards import no other part of ada.
 """
 
 from __future__ import annotations

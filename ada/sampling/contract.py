@@ -9,7 +9,7 @@ JetStream's `engine_api.Engine`. Read this first; then the two implementations:
           page allocator: admission by free pages, shared prompt pages, growth and
           preemption).
 
-ada.setup.make_engine builds one from `sampling.kv_cache`. Shared by both, written once:
+ada.sampling.backends.make_engine builds one from `sampling.kv_cache`. Shared by both, written once:
 their base class (engine_base.EngineBase: the argument checks, the weight hand-off, the
 decode state born sharded), the prompt and row buckets (slots.pow2_buckets, bucket_for),
 the sampler layout and the per-backend choices (engine.sampler_layout, backend_choices),

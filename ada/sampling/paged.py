@@ -1,6 +1,6 @@
 """Paged decoding: the decode state over a page pool and its jitted prefill / attach /
 generate, the counterparts of engine.py's prefill / insert / generate (docs/paged.md).
-`PagedEngine` is what ada.setup.make_engine builds for sampling.kv_cache=paged; the Driver
+`PagedEngine` is what ada.sampling.backends.make_engine builds for sampling.kv_cache=paged; the Driver
 runs it through paged_host.PagedSlots (`driver_backend`), which owns the page allocator.
 
   prefill   N prompts, right-padded to a power-of-two bucket, written into pages the host
@@ -182,7 +182,7 @@ def on_shards(mesh: Mesh, batch_axis, heads_axis):
 
 class PagedEngine(EngineBase):
     """Jitted, bucketed prefill / attach / stop / generate over one page pool (state
-    donated): the engine `sampling.kv_cache = "paged"` builds (ada.setup.make_engine).
+    donated): the engine `sampling.kv_cache = "paged"` builds (ada.sampling.backends.make_engine).
 
     The same contract as engine.Engine where the Driver reads it (prepare_params,
     check_prompt, check_max_new, max_new_tokens, num_slots, eos_ids, compiles ...); the host

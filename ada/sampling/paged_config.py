@@ -1,6 +1,6 @@
 """The sampler's KV-cache knobs checked (sampling.kv_cache, page_size, num_pages,
 paged_attention; ada.config's `validate` calls `kv_cache_problems`): one line each, naming
-the knob and the fix, before anything compiles. ada.setup.make_engine builds the engine
+the knob and the fix, before anything compiles. ada.sampling.backends.make_engine builds the engine
 they describe."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def kv_cache_problems(config) -> list[str]:
 
 def kernel_problem(paged_attention: str, platform: str, model_cfg) -> str | None:
     """Why sampling.paged_attention='kernel' cannot run on these devices (one line), or None
-    (ada.setup.make_engine asks, once it knows the sampler's devices and the model)."""
+    (ada.sampling.backends.make_engine asks, once it knows the sampler's devices and the model)."""
     if paged_attention != "kernel":
         return None
     if platform != "tpu":

@@ -1,0 +1,56 @@
+"""RunState: everything a resume needs, in one value, saved and restored whole.
+
+A run resumes exactly (the same parameters and metrics as an uninterrupted run) from the
+train state (params, optimizer state, update counters), the base key every random draw of
+step t derives from (`fold_in(key, t)`), the data position after the batches trained so far
+(the stream's: batches in flight are drawn again), the run's counters and the non-finite
+guard. A checkpoint holds exactly this: its arrays as one orbax tree, the rest as its JSON
+meta, in the format runs have always been saved in (`state_tree`), so older runs resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from ada.checkpoint import Checkpointer
+from ada.rl.train import TrainState
+
+TRAIN_FIELDS = ("params", "opt_state", "step", "updates", "skipped")
+
+
+def state_tree(state: TrainState, rng_data) -> dict:
+    """A checkpoint's arrays: the train state's and the base key's data."""
+    return {"params": state.params, "opt_state": state.opt_state, "step": state.step,
+            "updates": state.updates, "skipped": state.skipped,
+            "rng": np.asarray(jax.device_get(rng_data))}  # host value, same on every process
+
+
+@dataclasses.dataclass(frozen=True)
+class RunState:
+    train: TrainState
+    key: Any  # the base key (typed)
+    step: int = 0  # the last trained RL step
+    data: dict | None = None  # the data position after step `step`'s batch (None: the start)
+    counters: dict = dataclasses.field(
+        default_factory=lambda: {"samples_total": 0, "prompts_total": 0})
+    guard: dict = dataclasses.field(  # non-finite updates skipped: in all, and in a row
+        default_factory=lambda: {"skipped_steps": 0, "skipped_in_row": 0})
+    seconds: float = 0.0  # training seconds of the run's earlier segments and this one
+
+    def save(self, ckpt: Checkpointer, method: str) -> None:
+        """Start writing this state as checkpoint `step` (Checkpointer.save: async)."""
+        ckpt.save(self.step, state_tree(self.train, jax.random.key_data(self.key)),
+                  {"data": self.data, "sampler": self.counters, "method": method,
+                   "guard": self.guard, "seconds": self.seconds})
+
+    def restore(self, ckpt: Checkpointer) -> RunState:
+        """The latest checkpoint's state, its arrays placed as this state's (the template)."""
+        tree, meta, step = ckpt.restore(state_tree(self.train, jax.random.key_data(self.key)))
+        return RunState(self.train.replace(**{k: tree[k] for k in TRAIN_FIELDS}),
+                        jax.random.wrap_key_data(np.asarray(tree["rng"])), step, meta["data"],
+                        meta.get("sampler", self.counters), meta.get("guard", self.guard),
+                        meta.get("seconds", self.seconds))  # 0: saved before it was kept
