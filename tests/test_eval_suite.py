@@ -50,7 +50,8 @@ def test_paper_suite_table_json_and_resume(run_dir, tmp_path, monkeypatch, capsy
     Breaking it: a rerun that starts over, a partial file lost on interrupt, a resume that
     takes results made with other settings, a k other than 32, a missing or reordered row, a
     plain mean of the rows."""
-    from ada import evaluation, setup
+    from ada import evaluation
+    from ada.data import task
 
     data = tmp_path / "data"
     data.mkdir()
@@ -59,7 +60,7 @@ def test_paper_suite_table_json_and_resume(run_dir, tmp_path, monkeypatch, capsy
         rows = (SHARED / "benchmarks" / b.file).read_text().splitlines()
         rows = sorted(rows, key=lambda r: len(json.loads(r)["problem"]))[: sizes[b.name]]
         (data / b.file).write_text("\n".join(rows) + "\n")
-    monkeypatch.setattr(setup, "load_reward", lambda spec: lambda rec, text: float(
+    monkeypatch.setattr(task, "load_reward", lambda spec: lambda rec, text: float(
         hashlib.sha256(rec["id"].encode()).digest()[0] % 2))
     calls, stop, real = [], [True], evaluation.evaluate_policy
 
