@@ -29,11 +29,15 @@ def live_bytes() -> collections.Counter:
     share buffers)."""
     per, seen = collections.Counter(), set()
     for a in jax.live_arrays():
-        for sh in a.addressable_shards:
-            key = (sh.device.id, sh.data.unsafe_buffer_pointer())
+        try:
+            shards = [((sh.device.id, sh.data.unsafe_buffer_pointer()), sh.data.nbytes)
+                      for sh in a.addressable_shards]
+        except jax.errors.JaxRuntimeError:  # deleted while we read (an async save's thread
+            continue                       # frees its staging copies): it holds no bytes now
+        for key, nbytes in shards:
             if key not in seen:
                 seen.add(key)
-                per[sh.device.id] += sh.data.nbytes
+                per[key[0]] += nbytes
     return per
 
 
