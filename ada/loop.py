@@ -180,8 +180,10 @@ def _train(c, workdir: str, resume, stop_after, preemption, observe) -> dict:
 
     iterator, layout = prompts_and_layout(c, s)
     state = s.fns.init_state(s.params)
-    # a copy: the train step donates the state's buffers under a mesh
-    ref_params = jax.tree.map(jnp.copy, state.params) if c.loss.kl_coef > 0 else None
+    # a copy: the train step donates the state's buffers under a mesh (LoRA's reference is
+    # the frozen base inside the state: no copy)
+    ref_params = (jax.tree.map(jnp.copy, state.params)
+                  if c.loss.kl_coef > 0 and not c.model.lora.rank else None)
     try:
         ckpt = Checkpointer(paths.join(workdir, "checkpoints"), keep=c.checkpoint.keep)
     except OSError as e:
