@@ -130,7 +130,3 @@ def merge(params):
                            layers[name + "_lora_b"].astype(jnp.float32))
         out[name] = (w.astype(jnp.float32) + scale * delta).astype(w.dtype)
     return dict(merged, layers=out)
-
-
-def nbytes(tree) -> int:
-    return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))

@@ -396,8 +396,9 @@ class TrainFns:
 
     def add_logps(self, state: TrainState, batch, ref_params=None):
         """The batch with old_logp (off-policy) and ref_logp (kl_coef > 0, from the frozen
-        `ref_params`, placed like the policy params) in one call; call right after
-        collection, before the parameters move."""
+        `ref_params`, placed like the policy params; under LoRA from the base in the state,
+        and `ref_params` is not needed) in one call; call right after collection, before the
+        parameters move."""
         kl_coef = self.config.loss.kl_coef
         if kl_coef == 0 or self.config.lora.rank:
             ref_params = None  # unused (LoRA's reference is the base in state.params)
