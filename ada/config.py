@@ -45,7 +45,7 @@ from ada.knobs import RENAMED, base_config, describe, leaves  # noqa: F401 (desc
 from ada.methods import METHODS
 from ada.rl.losses import LossConfig
 from ada.rl.optimizer import OptimConfig
-from ada.rl.train import TrainConfig, split_problem
+from ada.rl.train import LoraConfig, TrainConfig, split_problem
 from ada.sampling.paged_config import kv_cache_problems
 from ada.sampling.samplers import SamplingConfig
 from ada.tracking import TrackingError
@@ -53,10 +53,8 @@ from ada.tracking import check_installed as check_wandb
 
 log = logging.getLogger(__name__)
 
-
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "configs", "default.py")
-
 
 WANDB_MODES = ("", "online", "offline", "disabled")
 
@@ -385,6 +383,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
         build("adaptive", CollectConfig, lambda: collect_config(config))
     build("loss", LossConfig, lambda: LossConfig(**config.loss))
     build("optim", OptimConfig, lambda: OptimConfig(**config.optim))
+    build("model.lora", LoraConfig, lambda: LoraConfig(**_fields(config.model.lora, LoraConfig)))
     build("sampling", SamplingConfig,
           lambda: SamplingConfig(**_fields(config.sampling, SamplingConfig)))
     t, d, a = config.train, config.data, config.adaptive
@@ -481,7 +480,8 @@ def train_config(config: ml_collections.ConfigDict) -> TrainConfig:
     mini_batches and micro_batches; remat and the sampling temperature ride along."""
     return TrainConfig(loss=LossConfig(**config.loss), optim=OptimConfig(**config.optim),
                        **_fields(config.train, TrainConfig), remat=config.model.remat,
-                       temperature=config.sampling.temperature or 1.0)
+                       temperature=config.sampling.temperature or 1.0,
+                       lora=LoraConfig(**_fields(config.model.lora, LoraConfig), seed=config.seed))
 
 
 def collect_config(config: ml_collections.ConfigDict) -> CollectConfig:

@@ -22,7 +22,8 @@ The run's policy (ada/stream.py, `Driver.release`), colocated sampler:
   - eval samples through the stream's driver (the same engine) or, with another
     temperature or length, through a driver of its own engine that shares the stream's
     weights: a second decode state, never a second copy of the weights;
-  - the KL reference (loss.kl_coef > 0) is a second copy of the train params.
+  - the KL reference (loss.kl_coef > 0) is a second copy of the train params (none under
+    LoRA: the reference is the frozen base the train params hold).
 With rl.sampler_devices = N the sampler's own chips hold its weights and decode state
 through every phase and the trainer's the train state; the ledger is the colocated one.
 """
@@ -150,7 +151,7 @@ def run_resident(config, model_cfg, train_mesh, sampling_mesh) -> dict:
     tc = train_config(c)
     fns = rl.make_train_fns(model_cfg, tc, train_mesh)
     kept = (c.rl.max_staleness + 1) * c.data.prompts_per_step // jax.process_count()
-    resident = resident_parts(model_cfg, tc, fns, engine, eval_engine, kl=c.loss.kl_coef > 0,
+    resident = resident_parts(model_cfg, tc, fns, engine, eval_engine, kl=c.loss.kl_coef > 0 and not tc.lora.rank,
                               kept_prompts=kept)
     return dict(resident=resident, kv_cache=c.sampling.kv_cache,
                 attention=getattr(engine, "attention", "dense"))

@@ -60,6 +60,12 @@ PARAM_RULES: dict[str, tuple[str | None, ...]] = {
     "layers/up": ("layers", "embed", "mlp"),
     "layers/down": ("layers", "mlp", "embed"),
 }
+# LoRA (ada/models/lora.py): A [L, I, r] splits as its weight's input, B [L, r, O] as its
+# output; the rank is never split.
+_WEIGHTS = {n: a for n, a in PARAM_RULES.items() if n.startswith("layers/") and len(a) == 3}
+PARAM_RULES.update({"layers/lora_scale": ("layers",),
+                    **{f"{n}_lora_a": ("layers", a[1], "lora_rank") for n, a in _WEIGHTS.items()},
+                    **{f"{n}_lora_b": ("layers", "lora_rank", a[2]) for n, a in _WEIGHTS.items()}})
 
 LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": BATCH_AXES,
@@ -72,6 +78,7 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "layers": None,
     "norm": None,
     "head_dim": None,
+    "lora_rank": None,
 }
 
 

@@ -28,6 +28,11 @@ def base() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"  # compute dtype (and the sampler's weights)
     c.model.param_dtype = "float32"  # dtype of the trained params and Adam state
     c.model.remat = False  # rematerialise each block in the backward pass (less memory)
+    c.model.lora = ml_collections.ConfigDict()
+    # low-rank adapters on the targets, only they trained (base frozen in model.dtype); 0 = off
+    c.model.lora.rank = 0
+    c.model.lora.alpha = 32.0  # adapters scaled by alpha / rank (fixed alpha: lr ~ rank-free)
+    c.model.lora.targets = ("q", "k", "v", "o", "gate", "up", "down")  # linear layers adapted
 
     c.tokenizer = ml_collections.ConfigDict()
     c.tokenizer.path = ""  # '' -> the model dir's tokenizer, or the task's char tokenizer

@@ -125,7 +125,7 @@ def test_init_on_a_v5e_slice_outputs_one_shard_per_chip():
 
 @KINDS
 def test_host_and_one_device_masters_are_placed_before_the_cast(kind, tmp_path):
-    """A float32 master on the host (a checkpoint restored as setup.load_run restores it
+    """A float32 master on the host (a checkpoint restored as ada.run.saved.load_run restores it
     for ada.evaluate, ada-serve and the difficulty filter) or on one device is placed onto
     its shards first and cast there to bfloat16: with every device-to-device transfer
     refused, each decode-form leaf has the engine's sharding, no live array holds a whole

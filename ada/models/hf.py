@@ -44,6 +44,7 @@ import ml_dtypes
 import numpy as np
 
 from ada.models.hf_config import CONFIG_FILE, CheckpointError, config_to_hf, read_config
+from ada.models.lora import merge
 from ada.models.transformer import ModelConfig, Params, param_shapes
 
 WEIGHTS_FILE = "model.safetensors"
@@ -390,10 +391,12 @@ def save_hf(
     the weights exceed `max_shard_size`. One shard's tensors are on the host at a time.
     `dtype` (float32/bfloat16/float16) defaults to the params' dtype. `extra_config` entries
     (e.g. bos/eos token ids) are merged into config.json. Weights only: `ada.export.export_hf`
-    adds the tokenizer. Returns the written file names.
+    adds the tokenizer. Returns the written file names. LoRA adapters are merged in
+    (`lora.merge`): a LoRA run exports as a plain model.
     """
     from safetensors.numpy import save_file
 
+    params = merge(params)
     path = os.fspath(path)
     dtype = dtype or config.param_dtype
     if dtype not in SAVE_DTYPES:

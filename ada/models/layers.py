@@ -147,3 +147,13 @@ def dense(x_BxTxI, w_IxO):
     faster in the train step than the 3-D contraction's transposes (docs/results.md)."""
     rows = x_BxTxI.reshape(-1, x_BxTxI.shape[-1]) @ w_IxO
     return rows.reshape(*x_BxTxI.shape[:-1], w_IxO.shape[-1])
+
+
+def linear(x_BxTxI, w, name: str):
+    """x @ w[name], plus its low-rank adapter ((x @ A) * scale) @ B where `w` holds one
+    (ada/models/lora.py): the product on the r-wide side, so no merged weight exists."""
+    y = dense(x_BxTxI, w[name])
+    if name + "_lora_a" not in w:
+        return y
+    low = dense(x_BxTxI, w[name + "_lora_a"]) * w["lora_scale"]
+    return y + dense(low, w[name + "_lora_b"])

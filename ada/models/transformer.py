@@ -53,13 +53,14 @@ from ada.models.layers import (
     apply_rope,
     attention,
     decode_attention,
-    dense,
+    linear,
     rms_norm,
     rope_inv_freq,
     softcap,
     write_kv,
     write_rows,
 )
+from ada.models.lora import merge
 from ada.models.model_config import (
     FAMILIES,
     LinearRopeScaling,
@@ -181,9 +182,11 @@ def decode_params(params: Params, config: ModelConfig, *, unembed_copy: bool = T
     [D, V] ~1.7x faster than it contracts against [V, D]). Without it the tied embedding is
     held once and serves both the gather and the unembedding (the TPU's matmul reads [V, D]
     where it lies; the engine picks per backend, `ada.sampling.engine.backend_choices`). A copy
-    of the weights; idempotent."""
+    of the weights; idempotent. LoRA adapters are merged in (`lora.merge`), so the decode
+    kernels read plain weights."""
     if in_decode_form(params, config, unembed_copy):
         return params
+    params = merge(params)
     out = dict(params, layers=per_layer(params["layers"], config.num_layers))
     if config.tie_embeddings and unembed_copy:
         out["lm_head"] = params["embed"].T
@@ -209,7 +212,7 @@ def block(x_BxTxD, layer, config: ModelConfig, positions_BxT, inv_freq, attend):
         return rms_norm(x, weight, c.rms_norm_eps, plus_one=c.gemma)
 
     h = norm(x_BxTxD, w["attn_norm"])
-    q, k, v = dense(h, w["q"]), dense(h, w["k"]), dense(h, w["v"])
+    q, k, v = linear(h, w, "q"), linear(h, w, "k"), linear(h, w, "v")
     if c.qkv_bias:
         q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
     q = q.reshape(B, T, H, Hd)
@@ -221,15 +224,15 @@ def block(x_BxTxD, layer, config: ModelConfig, positions_BxT, inv_freq, attend):
     q = apply_rope(q, positions_BxT, inv_freq)
     k = apply_rope(k, positions_BxT, inv_freq)
     attn, state = attend(q, k, v)
-    out = dense(attn.astype(dt), w["o"])
+    out = linear(attn.astype(dt), w, "o")
     if c.gemma:
         out = norm(out, w["post_attn_norm"])
     x_BxTxD = x_BxTxD + out
 
     h = norm(x_BxTxD, w["mlp_norm"])
-    gate = dense(h, w["gate"])
+    gate = linear(h, w, "gate")
     act = jax.nn.gelu(gate, approximate=True) if c.gemma else jax.nn.silu(gate)
-    mlp = dense(act * dense(h, w["up"]), w["down"])
+    mlp = linear(act * linear(h, w, "up"), w, "down")
     if c.gemma:
         mlp = norm(mlp, w["post_mlp_norm"])
     return x_BxTxD + mlp, state

@@ -48,6 +48,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ada import sharding as shd
+from ada.models import lora
+from ada.models.lora import LoraConfig
 from ada.models.transformer import ModelConfig, forward, param_shapes, project_logits
 from ada.rl.losses import LossConfig, denominators, logp_and_entropy, policy_loss, stale_terms
 from ada.rl.optimizer import OptimConfig, all_finite, guarded_update, lr_schedule, make_optimizer
@@ -96,6 +98,8 @@ class TrainConfig:
     # The sampler's temperature: log-probs and entropy are of softmax(logits / T), the
     # distribution sampled from. Greedy sampling (T = 0) trains on the raw distribution: pass 1.
     temperature: float = 1.0
+    # Low-rank adapters (model.lora): only they are trained; the base is frozen.
+    lora: LoraConfig = LoraConfig()
 
     def __post_init__(self):
         problems = [f"{name}={getattr(self, name)} must be >= 1"
@@ -125,8 +129,11 @@ class TrainState:
 
 
 def init_state(params, config: TrainConfig) -> TrainState:
+    """The state of `params` (with their adapters, under LoRA: `TrainFns.init_state` adds
+    them): Adam's moments for the trained leaves only."""
     zero = jnp.zeros((), jnp.int32)
-    return TrainState(params, make_optimizer(config.optim).init(params), zero, zero, zero)
+    opt_state = make_optimizer(config.optim).init(lora.split(params)[0])
+    return TrainState(params, opt_state, zero, zero, zero)
 
 
 # ----------------------------------------------------------------------------- log-probs
@@ -240,16 +247,20 @@ def minibatch_grads(params, mini, model_cfg: ModelConfig, config: TrainConfig, m
                     grad_shardings=None):
     """Gradient (float32) and metrics of one mini-batch [M, b, ...], accumulated over its M
     micro-batches. Each micro-batch divides by the whole mini-batch's denominators, so the
-    sum equals the unsplit mini-batch's loss and gradient."""
+    sum equals the unsplit mini-batch's loss and gradient. The gradient is of the trained
+    leaves only (`lora.split`: the adapters under LoRA, else every parameter)."""
     denoms = denominators(mini["response_mask"], config.loss.loss_agg)
-    vg = jax.value_and_grad(loss_fn, has_aux=True)
+    params, frozen = lora.split(params)
+    if frozen is not None:
+        grad_shardings = None if grad_shardings is None else lora.split(grad_shardings)[0]
+    vg = jax.value_and_grad(lambda p, *args: loss_fn(lora.join(p, frozen), *args), has_aux=True)
     if mini["tokens"].shape[0] == 1:  # no accumulation: saves a float32 copy of the grads
         (_, metrics), grads = vg(params, jax.tree.map(lambda x: x[0], mini), denoms,
                                  model_cfg, config, mesh)
         return jax.tree.map(lambda g: g.astype(jnp.float32), grads), metrics
     micro0 = jax.tree.map(lambda x: x[0], mini)
     metric_shapes = jax.eval_shape(
-        lambda: loss_fn(params, micro0, denoms, model_cfg, config, mesh)[1])
+        lambda: loss_fn(lora.join(params, frozen), micro0, denoms, model_cfg, config, mesh)[1])
 
     def constrain(g):
         if grad_shardings is None:
@@ -290,8 +301,9 @@ def train_step(state: TrainState, batch, model_cfg: ModelConfig, config: TrainCo
         grads, metrics = minibatch_grads(state.params, mini, model_cfg, config, mesh,
                                          grad_shardings)
         ok = jnp.isfinite(metrics["loss"]) & all_finite(grads)
-        params, opt_state = guarded_update(optimizer, grads, state.opt_state, state.params, ok,
-                                           lr)
+        trained, frozen = lora.split(state.params)
+        trained, opt_state = guarded_update(optimizer, grads, state.opt_state, trained, ok, lr)
+        params = lora.join(trained, frozen)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads),
                        skipped=(~ok).astype(jnp.float32))
         okint = ok.astype(jnp.int32)
@@ -330,12 +342,13 @@ def compute_logp(params, batch, model_cfg: ModelConfig, config: TrainConfig, mes
 def compute_logps(params, ref_params, batch, model_cfg: ModelConfig, config: TrainConfig,
                   mesh=None) -> dict[str, jax.Array]:
     """The log-probs the update needs besides its own: old_logp from `params` when off-policy,
-    ref_logp from the frozen `ref_params` when loss.kl_coef > 0 (empty dict when neither)."""
+    ref_logp when loss.kl_coef > 0 from the frozen `ref_params`, or under LoRA from the base
+    inside `params`, adapters off (empty dict when neither)."""
     needed = {}
     if not config.on_policy:
         needed["old_logp"] = params
     if config.loss.kl_coef > 0:
-        needed["ref_logp"] = ref_params
+        needed["ref_logp"] = lora.base(params) if config.lora.rank else ref_params
     return {k: compute_logp(p, batch, model_cfg, config, mesh) for k, p in needed.items()}
 
 
@@ -368,6 +381,9 @@ class TrainFns:
     _init: Any
 
     def init_state(self, params) -> TrainState:
+        """The state of the base `params`, with adapters added under LoRA (the base cast to
+        the compute dtype where it lies: on the host for a host copy)."""
+        params = lora.attach(params, self.config.lora, self.model.compute_dtype)
         if self.mesh is not None:
             params = jax.device_put(params, self.state_sharding.params)
         return self._init(params)
@@ -380,14 +396,15 @@ class TrainFns:
 
     def add_logps(self, state: TrainState, batch, ref_params=None):
         """The batch with old_logp (off-policy) and ref_logp (kl_coef > 0, from the frozen
-        `ref_params`, placed like the policy params) in one call; call right after
-        collection, before the parameters move."""
+        `ref_params`, placed like the policy params; under LoRA from the base in the state,
+        and `ref_params` is not needed) in one call; call right after collection, before the
+        parameters move."""
         kl_coef = self.config.loss.kl_coef
-        if kl_coef > 0 and ref_params is None:
+        if kl_coef == 0 or self.config.lora.rank:
+            ref_params = None  # unused (LoRA's reference is the base in state.params)
+        elif ref_params is None:
             raise ValueError(f"loss.kl_coef={kl_coef} needs reference params for ref_logp: "
                              "pass ref_params (e.g. the initial policy), or set kl_coef=0")
-        if kl_coef == 0:
-            ref_params = None  # unused: not an input of the jitted pass
         return dict(batch, **self.logps(state.params, ref_params, batch))
 
 
@@ -396,7 +413,8 @@ def abstract_state(model_cfg: ModelConfig, config: TrainConfig) -> TrainState:
     dtype = jnp.dtype(model_cfg.param_dtype)
     params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(model_cfg),
                           is_leaf=lambda x: isinstance(x, tuple))
-    return jax.eval_shape(lambda p: init_state(p, config), params)
+    return jax.eval_shape(lambda p: init_state(
+        lora.attach(p, config.lora, model_cfg.compute_dtype), config), params)
 
 
 def make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh=None) -> TrainFns:
@@ -428,7 +446,8 @@ def _make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh) -> TrainF
         model_cfg, config, mesh, state_sh,
         jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
                 donate_argnums=0),
-        jax.jit(logps, in_shardings=(p_sh, p_sh if config.loss.kl_coef > 0 else None,
+        jax.jit(logps, in_shardings=(p_sh, p_sh if config.loss.kl_coef > 0
+                                     and not config.lora.rank else None,
                                      batch_sh), out_shardings=batch_sh),
         jax.jit(resp, in_shardings=(p_sh, batch_sh), out_shardings=batch_sh),
         jax.jit(init, in_shardings=(p_sh,), out_shardings=state_sh),
