@@ -63,6 +63,7 @@ class Preemption:
         self._finished = False
         self._previous: dict[int, Any] = {}
         self._fds: tuple[int, int] | None = None
+        self._reader: threading.Thread | None = None
         self._previous_fd = -1
 
     def install(self) -> Preemption:
@@ -77,7 +78,9 @@ class Preemption:
             os.set_blocking(w, False)
             self._fds = (r, w)
             self._previous_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-            threading.Thread(target=self._read, args=(r,), name="ada-signals", daemon=True).start()
+            self._reader = threading.Thread(target=self._read, args=(r,), name="ada-signals",
+                                            daemon=True)
+            self._reader.start()
         return self
 
     def uninstall(self) -> None:
@@ -88,6 +91,10 @@ class Preemption:
             signal.set_wakeup_fd(self._previous_fd)
             os.close(self._fds[1])  # the reader sees end of file and stops
             self._fds = None
+            if self._reader is not threading.current_thread():
+                # ended before the interpreter is: a daemon thread that wakes while Python
+                # finalizes aborts the process ("FATAL: exception not rethrown", exit 134)
+                self._reader.join(timeout=5)
 
     def _read(self, fd: int) -> None:
         while True:

@@ -265,6 +265,21 @@ def test_a_signal_before_training_is_one_line_and_trains_nothing(tmp_path, env, 
     assert before_jax or delay > 0
 
 
+def test_the_signal_reader_has_ended_when_uninstall_returns():
+    """A run that ends normally leaves no signal-reader thread behind: one still waking as
+    the interpreter finalizes aborted the quick start's run after its summary ("FATAL:
+    exception not rethrown", exit 134, three runs in three). Breaking it: uninstall returns
+    before the reader has seen its pipe close."""
+    from ada.preemption import Preemption
+
+    before = set(threading.enumerate())
+    p = Preemption("python -m ada.runner").install()
+    reader = [t for t in set(threading.enumerate()) - before if t.name == "ada-signals"]
+    assert len(reader) == 1
+    p.uninstall()
+    assert not reader[0].is_alive()
+
+
 def test_a_sweep_stops_when_its_run_is_interrupted(tmp_path, env):
     """Ctrl-C (to the process group: the sweep and its run) as the sweep's first run starts:
     that run says so in one line and exits 130, and so does the sweep, without starting the
