@@ -23,9 +23,9 @@ never can); the continuous dispatcher uses it to prefer prompts whose in-flight 
 cannot yet cover their need. A rule cannot be made without both halves, and
 tests/test_rules.py checks every rule in RULES: its `min_needed` against its own `done`.
 
-Adding a rule is one entry here (then a Method row naming it in ada/methods.py, and, for a
-proportional rather than balanced fill of the kept group, ada/adaptive/select.py), e.g.
-"two positives, and n to choose from":
+Its third field, `unfinished_fill`, says how a prompt that never exited fills its kept group
+(balanced, or proportional to its pass rate as `pos` does). Adding a rule is one entry here
+(then a Method row naming it in ada/methods.py), e.g. "two positives, and n to choose from":
 
     "pos2": ExitRule(
         done=lambda pos, neg, seen, n: (pos >= 2) & (seen >= n),
@@ -58,6 +58,9 @@ class ExitRule:
 
     done: Callable  # (pos, neg, seen, n) -> bool mask
     min_needed: Callable  # (pos, neg, seen, n, budget) -> int counts
+    # how a prompt that never exited fills its kept group (ada/adaptive/select.py):
+    # "balanced", or "proportional" to its pool's pass rate (the reference's pos fallback)
+    unfinished_fill: str = "balanced"
 
 
 def pos_rule(pos, neg, seen, n):
@@ -81,7 +84,7 @@ def none_rule(pos, neg, seen, n):
 
 RULES: dict[str, ExitRule] = {
     "pos": ExitRule(pos_rule, lambda pos, neg, seen, n, budget: _xp(pos).maximum(
-        _relu(1 - pos), _relu(n - seen))),
+        _relu(1 - pos), _relu(n - seen)), unfinished_fill="proportional"),
     "balance": ExitRule(balance_rule, lambda pos, neg, seen, n, budget:
                         _relu(n // 2 - pos) + _relu(n - n // 2 - neg)),
     "none": ExitRule(none_rule, lambda pos, neg, seen, n, budget: _relu(budget - seen)),

@@ -4,10 +4,12 @@ Per prompt, with pos / neg the pool's counts of correct / incorrect responses
 (`ada.rewards.score.correct`: reward > threshold), seen = pos + neg, take = min(n, seen), and
 done = RULES[mode].done(pos, neg, seen, n):
 
-  balanced fill (done prompts of every rule; not-done prompts of `balance` and `none`):
+  balanced fill (done prompts of every rule; not-done prompts of rules whose
+  `unfinished_fill` is "balanced": `balance` and `none`):
       n_pos = min(n // 2, pos); n_neg = min(take - n_pos, neg); any shortfall is filled
       from the other kind (so n_pos = take - n_neg). This is verl-fork's `downsample_cache`.
-  proportional fill (not-done prompts of `pos`, the reference's positive_focused fallback):
+  proportional fill (not-done prompts of `pos`, the reference's positive_focused fallback;
+  ada/adaptive/rules.py: `unfinished_fill`):
       target = clip(ceil(pos * n / seen), 1, take - 1) positives, the rest negatives, then
       the same "fill from the other kind". ceil is exact integer ceil (the reference's float
       ceil of pos / seen * n can only differ where the product is an integer up to rounding).
@@ -36,14 +38,15 @@ from ada.rewards.score import correct
 def target_counts(pos, neg, n: int, mode: str):
     """(n_pos, n_neg, done) to keep per prompt; arrays of any shape, jnp."""
     seen = pos + neg
-    done = rules.get_rule(mode).done(pos, neg, seen, n)
+    rule = rules.get_rule(mode)
+    done = rule.done(pos, neg, seen, n)
     take = jnp.minimum(n, seen)
     # balanced fill
     n_neg_bal = jnp.minimum(take - jnp.minimum(n // 2, pos), neg)
     n_pos_bal = take - n_neg_bal
-    if mode != "pos":
+    if rule.unfinished_fill == "balanced":
         return n_pos_bal, n_neg_bal, done
-    # proportional fill, for `pos` prompts that never exited
+    # proportional fill, for prompts that never exited (`pos`)
     prop = (pos * n + seen - 1) // jnp.maximum(seen, 1)  # exact ceil(pos * n / seen)
     tgt = jnp.maximum(jnp.minimum(prop, take - 1), 1)
     n_neg_prop = jnp.minimum(take - jnp.minimum(tgt, pos), neg)
