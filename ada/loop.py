@@ -7,7 +7,8 @@ evaluate, save, close).
 Everything random in a step derives from fold_in(key(seed), step), and the data position is
 checkpointed, so a run killed at any point and restarted from its latest checkpoint ends
 with the same parameters and metrics as an uninterrupted one. The KL reference
-(loss.kl_coef > 0) is the initial policy, rebuilt by the build on resume.
+(loss.kl_coef > 0) is the initial policy, made again by the Trainer on resume (under LoRA
+it is the frozen base the train params hold).
 
 Faults (docs/reliability.md): a Preemption (SIGTERM / SIGINT, ada/preemption.py) ends the
 loop after the current step with a checkpoint every process joins; a full disk stops it with
@@ -54,33 +55,34 @@ def train(config, workdir: str, *, stop_after: int | None = None, force_config: 
     with folder.storage_hint(workdir):
         tracker = folder.start_tracker(c, workdir) if main and c.log.wandb else None
         trainer = Trainer(c, workdir, build(c), observe)
-        setup_s = time.perf_counter() - t_invocation
-        resumed = trainer.restore()
-        step = start = trainer.state.step
-        if resumed:
-            log.info("resumed from step %d (%s)", start, trainer.ckpt.directory)
-        folder.record_config(c, workdir, resume, start)
-        writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard, enabled=main,
-                               resume_step=start if resumed else None, tracker=tracker)
-        bar = Progress(c.train.steps, initial=start, enabled=main, bar=c.log.progress,
-                       every=c.log.every)
+        try:  # from here a failure closes the stream and the checkpointer
+            setup_s = time.perf_counter() - t_invocation
+            resumed = trainer.restore()
+            step = start = trainer.state.step
+            if resumed:
+                log.info("resumed from step %d (%s)", start, trainer.ckpt.directory)
+            folder.record_config(c, workdir, resume, start)
+            writer = MetricsWriter(workdir, tensorboard=c.log.tensorboard, enabled=main,
+                                   resume_step=start if resumed else None, tracker=tracker)
+            bar = Progress(c.train.steps, initial=start, enabled=main, bar=c.log.progress,
+                           every=c.log.every)
 
-        def hint(at):
-            if preemption is not None:  # read when its line is due: a save may complete meanwhile
-                preemption.training(lambda: folder.resume_text(trainer.ckpt.latest_step()),
-                                    lambda: step)
-            watch.set_resume_hint(f"rerun the same command on every host {folder.resume_text(at)}")
+            def hint(at):
+                if preemption is not None:  # read when its line is due (a save may complete)
+                    preemption.training(lambda: folder.resume_text(trainer.ckpt.latest_step()),
+                                        lambda: step)
+                watch.set_resume_hint("rerun the same command on every host "
+                                      + folder.resume_text(at))
 
-        hint(trainer.saved)
-        if not resumed:
-            first = trainer.evaluate() if c.eval.every else {}
-            writer.write(0, {"warmstart_loss": trainer.setup.warm_info.get("loss"),
-                             "warmstart_cached": trainer.setup.warm_info.get("cached"),
-                             "dropped_prompts": trainer.setup.dropped_prompts,
-                             "setup_s": setup_s, **first})
-            bar.update(first, n=0)  # the starting accuracy, shown until the next eval
-        stopped = preemption.requested() if preemption else None  # e.g. during the first eval
-        try:
+            hint(trainer.saved)
+            if not resumed:
+                first = trainer.evaluate() if c.eval.every else {}
+                writer.write(0, {"warmstart_loss": trainer.setup.warm_info.get("loss"),
+                                 "warmstart_cached": trainer.setup.warm_info.get("cached"),
+                                 "dropped_prompts": trainer.setup.dropped_prompts,
+                                 "setup_s": setup_s, **first})
+                bar.update(first, n=0)  # the starting accuracy, shown until the next eval
+            stopped = preemption.requested() if preemption else None  # e.g. during the first eval
             while step < c.train.steps and not stopped:
                 step += 1
                 _injected_fault(step)

@@ -151,7 +151,7 @@ def run_resident(config, model_cfg, train_mesh, sampling_mesh) -> dict:
     tc = train_config(c)
     fns = rl.make_train_fns(model_cfg, tc, train_mesh)
     kept = (c.rl.max_staleness + 1) * c.data.prompts_per_step // jax.process_count()
-    resident = resident_parts(model_cfg, tc, fns, engine, eval_engine, kl=c.loss.kl_coef > 0 and not tc.lora.rank,
+    resident = resident_parts(model_cfg, tc, fns, engine, eval_engine, kl=tc.reference_copy,
                               kept_prompts=kept)
     return dict(resident=resident, kv_cache=c.sampling.kv_cache,
                 attention=getattr(engine, "attention", "dense"))

@@ -240,6 +240,7 @@ def evaluate_suite(args, overrides=()) -> dict:
         threshold=config.adaptive.positive_threshold,
         sources={b.name: source_of(b, args.data_dir) for b in suite.benchmarks})
     out = saved_results(args.json, settings)
+    write_results(args.json, out)  # an unwritable --json is found now, not after hours
     done = out["benchmarks"]
     if done:
         print(f"resuming from {args.json}: {', '.join(done)} done", file=sys.stderr)
@@ -290,9 +291,13 @@ def write_results(path: str, out: dict) -> None:
     if not path:
         return
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ConfigError(f"--json {path}: cannot write it ({e.strerror}); pass a path in a "
+                          "writable directory") from None
 
 
 def table(suite: Suite, out: dict) -> str:

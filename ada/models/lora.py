@@ -1,7 +1,9 @@
 """Low-rank adapters (LoRA) on the transformer's linear layers, as extra leaves of the params.
 
 A target weight `layers/q` [L, I, O] gets `layers/q_lora_a` [L, I, r] and `layers/q_lora_b`
-[L, r, O]; `layers/lora_scale` [L] holds alpha / r. The block computes
+[L, r, O]; `layers/lora_scale` [L] holds alpha / r (float32 at rest; the forward casts every
+layer leaf to the compute dtype, the scale too: 32/3 is 10.625 in bfloat16, and the sampler's
+merge of the cast params uses the same value). The block computes
 x @ W + ((x @ A) * scale) @ B (ada.models.layers.linear) wherever the adapter leaves are
 present, so every forward (training, log-probs, the reference) reads one self-describing
 pytree and needs no flag. B starts at zero: the adapted model is the base exactly until the
@@ -11,8 +13,8 @@ leaves that get gradients and Adam state (ada.rl.train). The reference policy of
 is `base(params)`, the same arrays without the adapters: no second copy.
 
 The sampler reads `merge(params)`: W + scale * A @ B, one jitted pass on device inside the
-engine's hand-off (ada.sampling.engine.sampling_params), so the dense and paged decode
-kernels never see an adapter.
+engine's hand-off (ada.sampling.engine_base.sampling_params), so the dense and paged decode
+kernels never see an adapter; an export merges the gathered host tree on the host.
 
 Why not qwix (tunix's LoRA): qwix adds adapters by intercepting the dot_generals of flax
 linen / nnx modules and creates the adapter weights as module variables; ada's model is pure
@@ -25,6 +27,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Every linear layer of a block; embeddings and the head stay frozen.
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -123,10 +126,12 @@ def merge(params):
     layers = params["layers"]
     merged = base(params)
     out = dict(merged["layers"])
-    scale = layers[SCALE].astype(jnp.float32)[:, None, None]
+    # host leaves (an export's gathered tree) merge on the host, one tensor at a time
+    xp = jnp if isinstance(layers[SCALE], jax.Array) else np
+    scale = layers[SCALE].astype(np.float32)[:, None, None]
     for name in [k[:-len("_lora_a")] for k in layers if k.endswith("_lora_a")]:
         w = layers[name]
-        delta = jnp.einsum("lir,lro->lio", layers[name + "_lora_a"].astype(jnp.float32),
-                           layers[name + "_lora_b"].astype(jnp.float32))
-        out[name] = (w.astype(jnp.float32) + scale * delta).astype(w.dtype)
+        delta = xp.einsum("lir,lro->lio", layers[name + "_lora_a"].astype(np.float32),
+                          layers[name + "_lora_b"].astype(np.float32))
+        out[name] = (w.astype(np.float32) + scale * delta).astype(w.dtype)
     return dict(merged, layers=out)

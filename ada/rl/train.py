@@ -101,6 +101,12 @@ class TrainConfig:
     # Low-rank adapters (model.lora): only they are trained; the base is frozen.
     lora: LoraConfig = LoraConfig()
 
+    @property
+    def reference_copy(self) -> bool:
+        """Whether the KL term needs its own frozen copy of the initial params: kl_coef > 0
+        without LoRA (LoRA's reference is the frozen base the train params hold)."""
+        return self.loss.kl_coef > 0 and not self.lora.rank
+
     def __post_init__(self):
         problems = [f"{name}={getattr(self, name)} must be >= 1"
                     for name in ("epochs", "mini_batches", "micro_batches", "logit_chunk")
@@ -400,8 +406,8 @@ class TrainFns:
         and `ref_params` is not needed) in one call; call right after collection, before the
         parameters move."""
         kl_coef = self.config.loss.kl_coef
-        if kl_coef == 0 or self.config.lora.rank:
-            ref_params = None  # unused (LoRA's reference is the base in state.params)
+        if not self.config.reference_copy:
+            ref_params = None  # unused (none, or LoRA's: the base in state.params)
         elif ref_params is None:
             raise ValueError(f"loss.kl_coef={kl_coef} needs reference params for ref_logp: "
                              "pass ref_params (e.g. the initial policy), or set kl_coef=0")
@@ -446,9 +452,8 @@ def _make_train_fns(model_cfg: ModelConfig, config: TrainConfig, mesh) -> TrainF
         model_cfg, config, mesh, state_sh,
         jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
                 donate_argnums=0),
-        jax.jit(logps, in_shardings=(p_sh, p_sh if config.loss.kl_coef > 0
-                                     and not config.lora.rank else None,
-                                     batch_sh), out_shardings=batch_sh),
+        jax.jit(logps, in_shardings=(p_sh, p_sh if config.reference_copy else None, batch_sh),
+                out_shardings=batch_sh),
         jax.jit(resp, in_shardings=(p_sh, batch_sh), out_shardings=batch_sh),
         jax.jit(init, in_shardings=(p_sh,), out_shardings=state_sh),
     )

@@ -32,28 +32,31 @@ def load_run(workdir: str | None, step: int | None = None, *, config=None) -> Lo
     workdir, `config`'s own initial params: a Hugging Face model directory (model.path), a
     seeded init or the cached warm start. `config` with a workdir: the saved config with a
     command's overrides (prompt template, sampling) for the caller to sample with; the
-    tokenizer, model and params are always the run's own (default: the saved config). The one loader of evaluation,
-    serving and the pass-rate filter; data files are read only when the tokenizer or the warm
-    start needs them."""
+    tokenizer, model and params are always the run's own (default: the saved config). The
+    one loader of evaluation, serving and the pass-rate filter; data files are read only when
+    the tokenizer or the warm start needs them."""
     ckpt, built = None, config  # what the params were made with (the run's own tokenizer)
     if workdir is not None:
         built = load_run_config(workdir)
         config = built if config is None else config
         ckpt = Checkpointer(paths.join(workdir, "checkpoints"))
-        step = ckpt.pick_step(step)
-    task = None if built.tokenizer.path or built.model.path else load_task(built)
-    tokenizer = load_tokenizer_for(built, task)
-    model_cfg = model_config_for(built, tokenizer)
-    if step is not None:
-        params = ckpt.restore_params(step, host=True)[0]["params"]  # placed by the sampler
-        policy = paths.join(ckpt.directory, str(step))
-    else:
-        if task is None and built.warmstart.enabled:
-            task = load_task(built)
-        train = encode_records(task.train, tokenizer, built.tokenizer.template,
-                               built.data.max_prompt_len)[0] if task else []
-        params, warm_info = initial_params(built, model_cfg, tokenizer, task, train)
-        policy = initial_policy(built, model_cfg, warm_info)
-    if ckpt is not None:
-        ckpt.close()
+    try:  # the checkpointer's threads end whatever the load raises
+        if ckpt is not None:
+            step = ckpt.pick_step(step)
+        task = None if built.tokenizer.path or built.model.path else load_task(built)
+        tokenizer = load_tokenizer_for(built, task)
+        model_cfg = model_config_for(built, tokenizer)
+        if step is not None:
+            params = ckpt.restore_params(step, host=True)[0]["params"]  # placed by the sampler
+            policy = paths.join(ckpt.directory, str(step))
+        else:
+            if task is None and built.warmstart.enabled:
+                task = load_task(built)
+            train = encode_records(task.train, tokenizer, built.tokenizer.template,
+                                   built.data.max_prompt_len)[0] if task else []
+            params, warm_info = initial_params(built, model_cfg, tokenizer, task, train)
+            policy = initial_policy(built, model_cfg, warm_info)
+    finally:
+        if ckpt is not None:
+            ckpt.close()
     return LoadedRun(config, model_cfg, tokenizer, params, step, policy)

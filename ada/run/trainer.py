@@ -53,7 +53,7 @@ class Trainer:
         # a copy: the train step donates the state's buffers under a mesh (LoRA's reference
         # is the frozen base inside the state: no copy)
         self.ref_params = (jax.tree.map(jnp.copy, train.params)
-                           if c.loss.kl_coef > 0 and not c.model.lora.rank else None)
+                           if setup.fns.config.reference_copy else None)
         self.ckpt = folder.checkpoints(workdir, c.checkpoint.keep)
         self.state = RunState(train, jax.random.key(c.seed))
         self.saved: int | None = None  # the latest step saved (its write may be in flight)

@@ -5,7 +5,7 @@ A row says which engine class the Driver runs (both keep the contract of
 `sampling/contract.py`), what the checks are that need the sampler's devices and the model
 (the knobs alone are checked by `paged_config.kv_cache_problems`, which `ada.config.validate`
 calls), and the engine's own knobs. Adding a backend is one row here, its name in
-`paged_config.KV_CACHES` (tests/test_sampling_backends.py holds the two together) and its
+`paged_config.KV_CACHES` (tests/test_backends.py holds the two together) and its
 engine class.
 """
 
