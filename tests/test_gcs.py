@@ -71,9 +71,10 @@ def gcs(tmp_path_factory):
 
 
 def test_a_gs_run_killed_or_preempted_mid_run_resumes_to_the_same_rows(gcs):
-    """An uninterrupted gs:// run of 6 steps beside one SIGKILLed and one sent SIGTERM once
+    """An uninterrupted gs:// run of 9 steps beside one SIGKILLed and one sent SIGTERM once
     step 3's row is written (step 1's checkpoint is complete by then, a later one may be in
-    flight). The preempted one checkpoints and exits 143; each, resumed by the same command,
+    flight; 9 steps leave room for a slow poll on 2 busy cores: with 6, a victim once
+    reached its last checkpoint before its signal). The preempted one checkpoints and exits 143; each, resumed by the same command,
     ends with the same metrics rows; evaluate / serve's loader and the planner's --run read
     the run from gs://."""
     from ada.checkpoint import complete_steps
@@ -81,20 +82,23 @@ def test_a_gs_run_killed_or_preempted_mid_run_resumes_to_the_same_rows(gcs):
     from ada.metrics import read_jsonl
     from ada.run.saved import load_run
 
-    whole, steps = f"gs://{BUCKET}/whole", 6
+    whole, steps = f"gs://{BUCKET}/whole", 9
     stops = {f"gs://{BUCKET}/killed": signal.SIGKILL, f"gs://{BUCKET}/preempted": signal.SIGTERM}
     longer = f"--config.train.steps={steps}"
     start = lambda wd: subprocess.Popen(command(wd, gcs, longer), env=gcs, cwd=ROOT, text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first, victims = start(whole), {wd: start(wd) for wd in stops}
     try:
-        deadline = time.monotonic() + 240
-        for wd, victim in victims.items():
-            while not [r for r in read_jsonl(f"{wd}/metrics.jsonl") if r["step"] >= 3]:
-                assert victim.poll() is None, victim.communicate()[1][-3000:]
-                assert time.monotonic() < deadline, "no step 3 in 240 s"
-                time.sleep(0.05)
-            victim.send_signal(stops[wd])
+        deadline, waiting = time.monotonic() + 240, dict(victims)
+        while waiting:  # both watched at once: one must not run on while the other is awaited
+            for wd, victim in list(waiting.items()):
+                if [r for r in read_jsonl(f"{wd}/metrics.jsonl") if r["step"] >= 3]:
+                    victim.send_signal(stops[wd])
+                    del waiting[wd]
+                else:
+                    assert victim.poll() is None, victim.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, f"no step 3 in 240 s: {sorted(waiting)}"
+            time.sleep(0.05)
         codes = {wd: v.wait(timeout=120) for wd, v in victims.items()}
         out, err = first.communicate(timeout=240)
         assert first.returncode == 0, err[-3000:]
