@@ -165,3 +165,35 @@ def test_host_and_one_device_masters_are_placed_before_the_cast(kind, tmp_path):
             np.testing.assert_array_equal(np.asarray(a), b)
     assert {x.dtype for x in jax.tree.leaves(host)} == {np.dtype(np.float32)}
     assert {x.dtype for x in jax.tree.leaves(prepared)} == {jax.numpy.dtype("bfloat16")}
+
+
+def test_a_hugging_face_checkpoint_is_loaded_onto_its_shards(tmp_path):
+    """The run's initial params from `model.path` are placed leaf by leaf on the train mesh's
+    parameter shardings as they are read: no live array of a sharded leaf's full shape lies
+    on one device. Before, the checkpoint was loaded whole onto device 0 (the 7B preset's
+    float32 master, 28 GiB, on a 16 GiB v5e chip) and sharded by the trainer afterwards;
+    drop the `mesh` argument and this fails."""
+    from ada import config as C
+    from ada.run.policy import initial_params, model_config_for
+    from tiny_hf import make_tiny_hf
+
+    make_tiny_hf("qwen2", tmp_path / "m")
+    c = C.build_config("configs/default.py", [("model.path", str(tmp_path / "m")),
+                                              ("model.param_dtype", "float32")])
+    mesh = shd.make_mesh((2, 4, 1))
+    before = {id(a) for a in jax.live_arrays()}
+
+    model_cfg = model_config_for(c, tokenizer=None)
+    params, _ = initial_params(c, model_cfg, None, None, None, mesh)
+    want = shd.param_shardings(params, mesh)
+    whole = set()
+    for (path, x), sh in zip(jax.tree_util.tree_leaves_with_path(params),
+                             jax.tree.leaves(want), strict=True):
+        assert x.sharding.is_equivalent_to(sh, x.ndim), (jax.tree_util.keystr(path), x.sharding)
+        if len(sh.device_set) > 1 and math.prod(sh.shard_shape(x.shape)) < x.size:
+            whole.add((x.shape, x.dtype))
+    assert whole  # the tiny model's matrices are split over fsdp
+    single = [(a.shape, a.dtype) for a in jax.live_arrays()
+              if id(a) not in before and (a.shape, a.dtype) in whole
+              and len(a.sharding.device_set) == 1]
+    assert not single, single[:3]

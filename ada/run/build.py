@@ -77,7 +77,7 @@ def build(config) -> Setup:
     model_cfg = model_config_for(c, tokenizer)
     check_context_window(c, model_cfg)
     mesh = train_mesh(c)  # a bad split of the devices fails before the warm start
-    params, warm_info = initial_params(c, model_cfg, tokenizer, task, train_records)
+    params, warm_info = initial_params(c, model_cfg, tokenizer, task, train_records, mesh)
     s, e = c.sampling, c.eval
     collect = collect_config(c)
 

@@ -10,12 +10,14 @@ import os
 
 import jax
 
+from ada import sharding as shd
 from ada import warmstart
 from ada.data.task import Task
 from ada.errors import ConfigError
 from ada.models import init_params, preset
 from ada.models.hf import load_hf
 from ada.models.hf_config import read_config
+from ada.models.transformer import param_shapes
 from ada.templates import render_prompt
 from ada.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
 
@@ -68,12 +70,19 @@ def check_context_window(config, model_cfg) -> None:
             "(or eval.max_new_tokens) or data.max_prompt_len")
 
 
-def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_records):
+def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_records,
+                   mesh=None):
     """(params, warm-start info): a Hugging Face checkpoint, a random init, or a random init
-    with the (cached) supervised warm start on the synthetic task."""
+    with the (cached) supervised warm start on the synthetic task.
+
+    A checkpoint is placed leaf by leaf on the train `mesh`'s parameter shardings as it is
+    read: loaded whole onto one chip first, the 7B preset's float32 master (28 GiB) would not
+    fit a v5e chip's 16 GiB before the trainer shards it."""
     c = config
     if c.model.path:
-        return load_hf(c.model.path, dtype=c.model.dtype, param_dtype=c.model.param_dtype)[0], {}
+        shardings = None if mesh is None else shd.param_shardings(param_shapes(model_cfg), mesh)
+        return load_hf(c.model.path, dtype=c.model.dtype, param_dtype=c.model.param_dtype,
+                       shardings=shardings)[0], {}
     if not c.warmstart.enabled:
         return init_params(model_cfg, jax.random.key(c.seed)), {}
     if task.response is None:
