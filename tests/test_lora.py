@@ -4,6 +4,7 @@ rank 0 is the full fine-tune's program."""
 
 import dataclasses
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -153,15 +154,21 @@ def test_bad_lora_knobs_are_named(key, value, match):
     assert C.train_config(cfg).lora == LoraConfig(seed=cfg.seed)
 
 
-def test_lora_run_resumes_exactly_and_refuses_another_rank(tmp_path):
+def test_lora_run_resumes_exactly_and_refuses_another_rank_or_base(tmp_path):
     """A LoRA run stopped after step 1 and resumed ends bit for bit where the uninterrupted
     run does, metrics and checkpoint both: the checkpoint holds the adapters and their
-    moments. (No warm start: every reward is 0, and the KL term's gradient, k1's grad log p,
-    moves the adapters.) Resuming with another rank is refused in one line."""
+    moments, not the frozen base, which the resume rebuilds. (No warm start: every reward is
+    0, and the KL term's gradient, k1's grad log p, moves the adapters.) Resuming with
+    another rank is refused in one line, and so is a forced resume on another base (another
+    seed's init), before any array is restored; load_run (ada-serve's and ada.evaluate's
+    loader) joins the adapters to the rebuilt base, and ada.evaluate runs on it. Breaks if the base were saved, or a
+    checkpoint's adapters were joined to a base they were not trained on."""
     from test_runner import DEFAULT, _final_params, _strip_times, tiny_overrides
 
+    from ada.cli.eval import main as evaluate
     from ada.loop import train as run
     from ada.metrics import read_jsonl
+    from ada.run.saved import load_run
 
     ov = [*tiny_overrides(str(tmp_path / "cache")), ("train.steps", "3"), ("eval.every", "3"),
           ("warmstart.enabled", "false"), ("model.lora.rank", "4"), ("loss.kl_coef", "0.05")]
@@ -175,9 +182,22 @@ def test_lora_run_resumes_exactly_and_refuses_another_rank(tmp_path):
     (pa, _), (pb, _) = _final_params(a), _final_params(b)
     jax.tree.map(np.testing.assert_array_equal, pa, pb)
     assert float(np.abs(pa["params"]["layers"]["q_lora_b"]).max()) > 0
+    assert set(pa["params"]) == {"layers"} and all(map(lora.is_adapter, pa["params"]["layers"]))
+    loaded = load_run(b)
+    jax.tree.map(np.testing.assert_array_equal, lora.split(loaded.params)[0], pa["params"])
+    base = lora.base(loaded.params)
+    assert base["layers"]["q"].dtype == jnp.dtype(loaded.model_cfg.compute_dtype)
+    jax.tree.map(np.testing.assert_array_equal, base, jax.tree.map(
+        lambda x: x.astype(loaded.model_cfg.compute_dtype), load_run(None, config=cfg).params))
+    assert evaluate(["--workdir", b, "--limit", "4", "--json", str(tmp_path / "eval.json")]) == 0
+    assert json.loads((tmp_path / "eval.json").read_text())["step"] == 3
     with pytest.raises(C.ConfigError, match="model.lora.rank=4; this command has "
                                             "model.lora.rank=8"):
         run(C.build_config(DEFAULT, [*ov, ("model.lora.rank", "8")]), b)
+    with pytest.raises(C.ConfigError, match=r"^checkpoint 3 in \S+ holds LoRA adapters trained on "
+                       r"the base random-init-\w+-seed\d+ \(hash \w{16}\), but this command's "
+                       r"base is random-init-\w+-seed7 \(hash \w{16}\); resume with the run's"):
+        run(C.build_config(DEFAULT, [*ov, ("seed", "7")]), b, force_config=True)
 
 
 @pytest.mark.numerics  # held to a float32 tolerance
