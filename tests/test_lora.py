@@ -21,6 +21,7 @@ from ada.models.transformer import forward
 from ada.rl import train
 from ada.rl.losses import LossConfig
 from ada.rl.optimizer import OptimConfig
+from ada.run.state import state_tree
 from ada.sampling.engine import Engine, prefill_fn
 
 # Off-policy with accumulation (2 mini-batches of 2 micro-batches) and a KL term.
@@ -128,6 +129,8 @@ def test_rank_zero_is_the_full_fine_tune():
     off = LoraConfig(rank=0, alpha=3.0, targets=("q",))
     assert lora.attach(params0(), off, jnp.bfloat16) is params0()
     assert lora.split(params0()) == (params0(), None)
+    state0 = train.init_state(params0(), dataclasses.replace(LORA, lora=off))
+    assert state_tree(state0, np.zeros(2, np.uint32))["params"] is state0.params  # unchanged
     plain = dataclasses.replace(LORA, lora=LoraConfig(), loss=LossConfig())
     state = train.init_state(params0(), plain)
     batch = train.make_train_fns(CFG, plain).add_logps(
@@ -138,6 +141,22 @@ def test_rank_zero_is_the_full_fine_tune():
             train.train_step, model_cfg=CFG, config=config))(state, batch))
 
     assert program(dataclasses.replace(plain, lora=off)) == program(plain)
+
+
+def test_the_base_fingerprint_is_its_content_on_any_placement():
+    """lora.fingerprint (a LoRA checkpoint's reference to its base) is the same for host
+    arrays, one device and a sharded mesh, and changes when one weight moves by one ulp.
+    Breaks if it summed floats (order-dependent) or ignored a leaf or a position."""
+    host = jax.tree.map(np.asarray, params0())
+    sharded = jax.device_put(params0(), shd.param_shardings(params0(), shd.make_mesh((2, 2, 2))))
+    want = lora.fingerprint(params0())
+    assert lora.fingerprint(host) == lora.fingerprint(sharded) == want
+    layers = dict(host["layers"])
+    q = layers["q"].copy()
+    q[1, 3, 5] = np.nextafter(q[1, 3, 5], np.inf)
+    assert lora.fingerprint(dict(host, layers=dict(layers, q=q))) != want
+    swapped = dict(layers, q=layers["q"][::-1].copy())  # same bits, other order
+    assert lora.fingerprint(dict(host, layers=swapped)) != want
 
 
 @pytest.mark.parametrize("key,value,match", [
