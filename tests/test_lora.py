@@ -5,6 +5,7 @@ rank 0 is the full fine-tune's program."""
 import dataclasses
 import functools
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -180,9 +181,12 @@ def test_lora_run_resumes_exactly_and_refuses_another_rank_or_base(tmp_path):
     0, and the KL term's gradient, k1's grad log p, moves the adapters.) Resuming with
     another rank is refused in one line, and so is a forced resume on another base (another
     seed's init), before any array is restored; load_run (ada-serve's and ada.evaluate's
-    loader) joins the adapters to the rebuilt base, and ada.evaluate runs on it. Breaks if the base were saved, or a
+    loader) joins the adapters to the rebuilt base, and ada.evaluate runs on it. The
+    uninterrupted run exports a PEFT adapter (checkpoint.export_format=peft). Breaks if the base were saved, or a
     checkpoint's adapters were joined to a base they were not trained on."""
     from test_runner import DEFAULT, _final_params, _strip_times, tiny_overrides
+
+    from safetensors.numpy import load_file
 
     from ada.cli.eval import main as evaluate
     from ada.loop import train as run
@@ -193,7 +197,8 @@ def test_lora_run_resumes_exactly_and_refuses_another_rank_or_base(tmp_path):
           ("warmstart.enabled", "false"), ("model.lora.rank", "4"), ("loss.kl_coef", "0.05")]
     cfg = C.build_config(DEFAULT, ov)
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    run(cfg, a)
+    run(C.build_config(DEFAULT, [*ov, ("checkpoint.export_hf", "true"),
+                                 ("checkpoint.export_format", "peft")]), a)
     run(cfg, b, stop_after=1)
     run(cfg, b)
     assert _strip_times(read_jsonl(a + "/metrics.jsonl")) == _strip_times(
@@ -202,6 +207,10 @@ def test_lora_run_resumes_exactly_and_refuses_another_rank_or_base(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, pa, pb)
     assert float(np.abs(pa["params"]["layers"]["q_lora_b"]).max()) > 0
     assert set(pa["params"]) == {"layers"} and all(map(lora.is_adapter, pa["params"]["layers"]))
+    peft_b = load_file(a + "/hf/adapter_model.safetensors")[  # the run's PEFT export
+        "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"]
+    np.testing.assert_array_equal(peft_b, pa["params"]["layers"]["down_lora_b"][1].T)
+    assert os.path.isfile(a + "/hf/base/model.safetensors")  # no model.path: the base beside
     loaded = load_run(b)
     jax.tree.map(np.testing.assert_array_equal, lora.split(loaded.params)[0], pa["params"])
     base = lora.base(loaded.params)
