@@ -315,6 +315,14 @@ class Checkpointer:
                               jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=one), md)
         return self._restore(step, target)
 
+    def read_meta(self, step: int | None = None) -> dict:
+        """The JSON meta of `step` (default: the latest complete) alone: no array read."""
+        step = self._complete(step)
+        mgr = self._manager()
+        mgr.reload()
+        return dict(mgr.restore(step, args=_ocp().args.Composite(
+            meta=_ocp().args.JsonRestore()))["meta"])
+
     def _complete(self, step: int | None) -> int:
         """`step` (default: the latest), once the save in flight is done; FileNotFoundError
         when it is not complete."""

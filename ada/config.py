@@ -448,6 +448,10 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     for k in e.pass_k:
         need(1 <= k <= e.samples, f"eval.pass_k contains {k}; each k must be in [1, eval.samples={e.samples}]")
     need(config.checkpoint.keep >= 1, f"checkpoint.keep={config.checkpoint.keep} must be >= 1")
+    fmt = config.checkpoint.export_format
+    need(fmt in ("merged", "peft"), f"checkpoint.export_format={fmt!r} must be merged or peft")
+    need(fmt != "peft" or config.model.lora.rank > 0, "checkpoint.export_format=peft writes "
+         "a LoRA run's adapters; set model.lora.rank > 0 or checkpoint.export_format=merged")
     for k, v in (("distributed.timeout_s", config.distributed.timeout_s),
                  ("checkpoint.preemption_budget_s", config.checkpoint.preemption_budget_s)):
         need(v > 0, f"{k}={v} must be > 0 seconds")

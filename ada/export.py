@@ -1,4 +1,5 @@
-"""Write a run's policy as a Hugging Face directory: weights, config.json and tokenizer.
+"""Write a run's policy as a Hugging Face directory: weights, config.json and tokenizer; or
+a LoRA run's as a PEFT adapter on its base (`export_peft`).
 
 `export_hf` is the one export path (the training loop calls it; a restored checkpoint goes
 through it too, via `Checkpointer.restore_params`). The directory loads with transformers'
@@ -17,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ada import paths
+from ada.models import lora
 from ada.models.hf import save_hf
+from ada.models.hf_lora import save_peft
 from ada.models.hf_config import check_vocab
 from ada.models.transformer import ModelConfig, Params
 from ada.templates import chat_template, get_template
@@ -132,16 +135,44 @@ def export_tokenizer(tokenizer: Tokenizer, out_dir: str | os.PathLike,
 
 def export_hf(params: Params, model_cfg: ModelConfig, tokenizer: Tokenizer,
               out_dir: str | os.PathLike, template: str | None = None) -> list[str]:
-    """Write `params` (save_hf) and `tokenizer` (export_tokenizer, with the run's prompt
-    `template` as its chat template) into `out_dir`; checks first
+    """Write `params` (save_hf; LoRA adapters merged in) and `tokenizer` (export_tokenizer,
+    with the run's prompt `template` as its chat template) into `out_dir`; checks first
     that the tokenizer's ids fit the embedding, so no half-usable directory is written. A gs://
     `out_dir` is written locally first, then copied up file by file. Returns the written
     file names."""
     check_vocab(model_cfg, tokenizer.vocab_size)
+    return _written(out_dir, lambda d: save_hf(params, model_cfg, d)
+                    + export_tokenizer(tokenizer, d, template))
+
+
+def export_peft(params: Params, model_cfg: ModelConfig, tokenizer: Tokenizer,
+                out_dir: str | os.PathLike, base_model: str | None = None,
+                template: str | None = None) -> list[str]:
+    """Write a LoRA run's adapters as a PEFT adapter (save_peft) with the tokenizer files
+    into `out_dir`. `base_model`: the base's Hugging Face directory (the run's model.path);
+    None (a seeded or warm-started base, which has none) writes the base itself, unmerged,
+    to `out_dir`/base with export_hf and names that. Returns the written file names."""
+    check_vocab(model_cfg, tokenizer.vocab_size)
+
+    def write(d):
+        names = []
+        if base_model is None:
+            names = [f"base/{n}" for n in export_hf(lora.base(params), model_cfg, tokenizer,
+                                                    os.path.join(d, "base"), template)]
+        base = base_model or paths.join(str(out_dir), "base")
+        return names + save_peft(params, model_cfg, d, base) + export_tokenizer(tokenizer, d,
+                                                                                 template)
+
+    return _written(out_dir, write)
+
+
+def _written(out_dir, write) -> list[str]:
+    """`write(directory)`'s files in `out_dir`: a gs:// one written locally first, then
+    copied up file by file."""
     if not paths.is_remote(out_dir):
-        return save_hf(params, model_cfg, out_dir) + export_tokenizer(tokenizer, out_dir, template)
+        return write(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        names = export_hf(params, model_cfg, tokenizer, tmp, template)
+        names = write(tmp)
         for name in names:
             with open(os.path.join(tmp, name), "rb") as src, \
                     paths.path(out_dir).joinpath(name).open("wb") as dst:

@@ -31,7 +31,7 @@ import time
 from ada import distributed, paths, quiet, watch
 from ada import sharding as shd
 from ada.checkpoint import FAULT_ENV
-from ada.export import export_hf
+from ada.export import export_hf, export_peft
 from ada.metrics import MetricsWriter, Progress
 from ada.preemption import Preemption
 from ada.run import folder
@@ -124,8 +124,13 @@ def _summary(c, workdir: str, trainer: Trainer, step: int, stopped, saved, t_inv
         params = shd.gather_to_host(trainer.state.train.params)  # every process joins
         if main:
             summary["hf"] = paths.join(workdir, "hf")
-            export_hf(params, trainer.setup.model_cfg, trainer.setup.tokenizer, summary["hf"],
-                      c.tokenizer.template)
+            s = trainer.setup
+            if c.checkpoint.export_format == "peft":
+                base = os.path.abspath(c.model.path) if c.model.path else None
+                export_peft(params, s.model_cfg, s.tokenizer, summary["hf"], base,
+                            c.tokenizer.template)
+            else:
+                export_hf(params, s.model_cfg, s.tokenizer, summary["hf"], c.tokenizer.template)
     if main and not stopped:
         folder.write_summary(c, workdir, summary)
     distributed.sync("train_stopped" if stopped else "train_end")

@@ -26,7 +26,7 @@ train state each host writes per checkpoint: orbax writes each distinct shard on
 the first device that holds it (replica 0).
 
   python benchmarks/checkpoint_save.py --layout configs/qwen25_math_7b.py \
-        --model qwen2.5-math-7b --topology v5e:4x4
+        --model qwen2.5-math-7b --topology v5e:4x4 [--config.model.lora.rank=16]
 """
 
 from __future__ import annotations
@@ -114,20 +114,23 @@ def measure(overrides, steps: int, every: int, saves: int, workdir: str) -> dict
     return out
 
 
-def host_bytes(spec: str, model: str, topology: str) -> dict:
-    """{process index: bytes of the train state it writes} on `topology`'s train mesh."""
+def host_bytes(spec: str, model: str, topology: str, overrides=()) -> dict:
+    """{process index: bytes of the train state it writes} on `topology`'s train mesh: what
+    `state_tree` checkpoints (under LoRA the adapters and their moments, not the base)."""
     from ada import planner, tpu
     from ada import sharding as shd
+    from ada.models import lora
     from ada.rl import train as rl
 
     devices, _ = tpu.tpu_devices(topology)
-    config = cfglib.build_config(spec)
+    config = cfglib.build_config(spec, overrides)
     model_cfg = planner.resolve_model(config, model)
     m, tc = config.mesh, cfglib.train_config(config)
     mesh = shd.make_mesh(planner.mesh_sizes((m.data, m.fsdp, m.tensor), len(devices), "mesh",
                                             topology, exact=True), devices)
-    state = rl.abstract_state(model_cfg, tc)
-    shardings = rl.make_train_fns(model_cfg, tc, mesh).state_sharding
+    saved = lambda t: t.replace(params=lora.split(t.params)[0])  # noqa: E731 - state_tree's
+    state = saved(rl.abstract_state(model_cfg, tc))
+    shardings = saved(rl.make_train_fns(model_cfg, tc, mesh).state_sharding)
     per: dict[int, int] = {}
     for leaf, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(shardings), strict=True):
         seen = set()
@@ -157,7 +160,7 @@ def main(argv=None) -> dict:
     overrides, rest = cfglib.parse_override_args(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(rest)
     if args.layout:
-        out = host_bytes(args.layout, args.model, args.topology)
+        out = host_bytes(args.layout, args.model, args.topology, overrides)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             out = measure(overrides, args.steps, args.every, args.saves,

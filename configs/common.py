@@ -155,6 +155,9 @@ def base() -> ml_collections.ConfigDict:
     c.checkpoint.every = 50  # steps between checkpoints (and one at the end)
     c.checkpoint.keep = 3  # newest checkpoints kept
     c.checkpoint.export_hf = False  # also write a Hugging Face directory at the end
+    # what export_hf writes: merged (a plain model; LoRA folded in) | peft (a LoRA run's
+    # adapters as a PEFT adapter on its base)
+    c.checkpoint.export_format = "merged"
     # After SIGTERM (a spot VM's ~30 s notice) the rest of the step and the final checkpoint
     # get this long; past it they are abandoned with one line, and the last complete
     # checkpoint stays the one to resume from (exit 143 either way; ada/preemption.py).

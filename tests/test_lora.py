@@ -4,6 +4,8 @@ rank 0 is the full fine-tune's program."""
 
 import dataclasses
 import functools
+import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,7 @@ from ada.models.transformer import forward
 from ada.rl import train
 from ada.rl.losses import LossConfig
 from ada.rl.optimizer import OptimConfig
+from ada.run.state import state_tree
 from ada.sampling.engine import Engine, prefill_fn
 
 # Off-policy with accumulation (2 mini-batches of 2 micro-batches) and a KL term.
@@ -127,6 +130,8 @@ def test_rank_zero_is_the_full_fine_tune():
     off = LoraConfig(rank=0, alpha=3.0, targets=("q",))
     assert lora.attach(params0(), off, jnp.bfloat16) is params0()
     assert lora.split(params0()) == (params0(), None)
+    state0 = train.init_state(params0(), dataclasses.replace(LORA, lora=off))
+    assert state_tree(state0, np.zeros(2, np.uint32))["params"] is state0.params  # unchanged
     plain = dataclasses.replace(LORA, lora=LoraConfig(), loss=LossConfig())
     state = train.init_state(params0(), plain)
     batch = train.make_train_fns(CFG, plain).add_logps(
@@ -137,6 +142,22 @@ def test_rank_zero_is_the_full_fine_tune():
             train.train_step, model_cfg=CFG, config=config))(state, batch))
 
     assert program(dataclasses.replace(plain, lora=off)) == program(plain)
+
+
+def test_the_base_fingerprint_is_its_content_on_any_placement():
+    """lora.fingerprint (a LoRA checkpoint's reference to its base) is the same for host
+    arrays, one device and a sharded mesh, and changes when one weight moves by one ulp.
+    Breaks if it summed floats (order-dependent) or ignored a leaf or a position."""
+    host = jax.tree.map(np.asarray, params0())
+    sharded = jax.device_put(params0(), shd.param_shardings(params0(), shd.make_mesh((2, 2, 2))))
+    want = lora.fingerprint(params0())
+    assert lora.fingerprint(host) == lora.fingerprint(sharded) == want
+    layers = dict(host["layers"])
+    q = layers["q"].copy()
+    q[1, 3, 5] = np.nextafter(q[1, 3, 5], np.inf)
+    assert lora.fingerprint(dict(host, layers=dict(layers, q=q))) != want
+    swapped = dict(layers, q=layers["q"][::-1].copy())  # same bits, other order
+    assert lora.fingerprint(dict(host, layers=swapped)) != want
 
 
 @pytest.mark.parametrize("key,value,match", [
@@ -153,21 +174,31 @@ def test_bad_lora_knobs_are_named(key, value, match):
     assert C.train_config(cfg).lora == LoraConfig(seed=cfg.seed)
 
 
-def test_lora_run_resumes_exactly_and_refuses_another_rank(tmp_path):
+def test_lora_run_resumes_exactly_and_refuses_another_rank_or_base(tmp_path):
     """A LoRA run stopped after step 1 and resumed ends bit for bit where the uninterrupted
     run does, metrics and checkpoint both: the checkpoint holds the adapters and their
-    moments. (No warm start: every reward is 0, and the KL term's gradient, k1's grad log p,
-    moves the adapters.) Resuming with another rank is refused in one line."""
+    moments, not the frozen base, which the resume rebuilds. (No warm start: every reward is
+    0, and the KL term's gradient, k1's grad log p, moves the adapters.) Resuming with
+    another rank is refused in one line, and so is a forced resume on another base (another
+    seed's init), before any array is restored; load_run (ada-serve's and ada.evaluate's
+    loader) joins the adapters to the rebuilt base, and ada.evaluate runs on it. The
+    uninterrupted run exports a PEFT adapter (checkpoint.export_format=peft). Breaks if the base were saved, or a
+    checkpoint's adapters were joined to a base they were not trained on."""
     from test_runner import DEFAULT, _final_params, _strip_times, tiny_overrides
 
+    from safetensors.numpy import load_file
+
+    from ada.cli.eval import main as evaluate
     from ada.loop import train as run
     from ada.metrics import read_jsonl
+    from ada.run.saved import load_run
 
     ov = [*tiny_overrides(str(tmp_path / "cache")), ("train.steps", "3"), ("eval.every", "3"),
           ("warmstart.enabled", "false"), ("model.lora.rank", "4"), ("loss.kl_coef", "0.05")]
     cfg = C.build_config(DEFAULT, ov)
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    run(cfg, a)
+    run(C.build_config(DEFAULT, [*ov, ("checkpoint.export_hf", "true"),
+                                 ("checkpoint.export_format", "peft")]), a)
     run(cfg, b, stop_after=1)
     run(cfg, b)
     assert _strip_times(read_jsonl(a + "/metrics.jsonl")) == _strip_times(
@@ -175,9 +206,26 @@ def test_lora_run_resumes_exactly_and_refuses_another_rank(tmp_path):
     (pa, _), (pb, _) = _final_params(a), _final_params(b)
     jax.tree.map(np.testing.assert_array_equal, pa, pb)
     assert float(np.abs(pa["params"]["layers"]["q_lora_b"]).max()) > 0
+    assert set(pa["params"]) == {"layers"} and all(map(lora.is_adapter, pa["params"]["layers"]))
+    peft_b = load_file(a + "/hf/adapter_model.safetensors")[  # the run's PEFT export
+        "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"]
+    np.testing.assert_array_equal(peft_b, pa["params"]["layers"]["down_lora_b"][1].T)
+    assert os.path.isfile(a + "/hf/base/model.safetensors")  # no model.path: the base beside
+    loaded = load_run(b)
+    jax.tree.map(np.testing.assert_array_equal, lora.split(loaded.params)[0], pa["params"])
+    base = lora.base(loaded.params)
+    assert base["layers"]["q"].dtype == jnp.dtype(loaded.model_cfg.compute_dtype)
+    jax.tree.map(np.testing.assert_array_equal, base, jax.tree.map(
+        lambda x: x.astype(loaded.model_cfg.compute_dtype), load_run(None, config=cfg).params))
+    assert evaluate(["--workdir", b, "--limit", "4", "--json", str(tmp_path / "eval.json")]) == 0
+    assert json.loads((tmp_path / "eval.json").read_text())["step"] == 3
     with pytest.raises(C.ConfigError, match="model.lora.rank=4; this command has "
                                             "model.lora.rank=8"):
         run(C.build_config(DEFAULT, [*ov, ("model.lora.rank", "8")]), b)
+    with pytest.raises(C.ConfigError, match=r"^checkpoint 3 in \S+ holds LoRA adapters trained on "
+                       r"the base random-init-\w+-seed\d+ \(hash \w{16}\), but this command's "
+                       r"base is random-init-\w+-seed7 \(hash \w{16}\); resume with the run's"):
+        run(C.build_config(DEFAULT, [*ov, ("seed", "7")]), b, force_config=True)
 
 
 @pytest.mark.numerics  # held to a float32 tolerance

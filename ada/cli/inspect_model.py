@@ -72,8 +72,13 @@ def inspect_run(workdir: str, step: int | None = None) -> dict:
         ("none: rerun the run's command with --config.checkpoint.export_hf=true "
          f"(it writes {hf} once train.steps={config.train.steps} is reached)"),
     }
+    if "embed" not in params:  # LoRA: the adapters alone; the base is the run's model.path
+        info["lora_rank"] = config.model.lora.rank
+        if not config.model.path:  # a seeded / warm-started base: its vocabulary is not here
+            return info
+    vocab = params["embed"].shape[0] if "embed" in params else 0
     try:  # the vocabulary is the stored embedding's rows: no tokenizer is built
-        model = model_config_for(config, types.SimpleNamespace(vocab_size=params["embed"].shape[0]))
+        model = model_config_for(config, types.SimpleNamespace(vocab_size=vocab))
     except CheckpointError as e:  # model.path moved since the run: the shapes still count
         info["problem"] = str(e)
     else:

@@ -24,6 +24,7 @@ functions over a param pytree with no module to intercept (docs/design.md).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -135,3 +136,25 @@ def merge(params):
                           layers[name + "_lora_b"].astype(np.float32))
         out[name] = (w.astype(np.float32) + scale * delta).astype(w.dtype)
     return dict(merged, layers=out)
+
+
+def _checksums(x):
+    """Two uint32 sums of a leaf's bit patterns, plain and position-weighted: integer sums
+    wrap exactly, so they are the same in any order, on any device or mesh."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+    bits = bits.reshape(-1).astype(jnp.uint32)
+    weight = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + 1
+    return jnp.stack([bits.sum(dtype=jnp.uint32), (bits * weight).sum(dtype=jnp.uint32)])
+
+
+def fingerprint(params) -> str:
+    """A content hash of a params tree (a LoRA checkpoint's reference to its base): every
+    leaf's name, shape, dtype and bit checksums, computed on device in one pass over the
+    weights where they already are (sharded or not, no gather)."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    sums = jax.device_get(jax.jit(lambda xs: [_checksums(x) for x in xs])(
+        [x for _, x in leaves]))
+    h = hashlib.sha256()
+    for (path, x), s in zip(leaves, sums, strict=True):
+        h.update(f"{jax.tree_util.keystr(path)}:{x.shape}:{x.dtype}:{s[0]}:{s[1]};".encode())
+    return h.hexdigest()[:16]

@@ -23,6 +23,7 @@ from ada.rl.train import TrainFns, make_train_fns
 from ada.rollout import Rollout
 from ada.run.passrates import filter_by_pass_rate
 from ada.run.policy import (
+    base_ref,
     check_context_window,
     initial_params,
     load_tokenizer_for,
@@ -44,6 +45,7 @@ class Setup:
     model_cfg: Any
     params: Any  # the initial params
     warm_info: dict
+    base: dict | None  # LoRA: the initial params' {"path", "hash"}, a checkpoint's base
     train_records: list[dict]  # with prompt_tokens; prompts too long for the run dropped
     eval_records: list[dict]
     dropped_prompts: int
@@ -78,6 +80,7 @@ def build(config) -> Setup:
     check_context_window(c, model_cfg)
     mesh = train_mesh(c)  # a bad split of the devices fails before the warm start
     params, warm_info = initial_params(c, model_cfg, tokenizer, task, train_records, mesh)
+    base = base_ref(c, model_cfg, params, warm_info)
     s, e = c.sampling, c.eval
     collect = collect_config(c)
 
@@ -93,7 +96,8 @@ def build(config) -> Setup:
     eval_new = e.max_new_tokens or s.max_new_tokens
     same = e.temperature == s.temperature and eval_new == s.max_new_tokens
     fns = make_train_fns(model_cfg, train_config(c), mesh)
-    return Setup(c, task, tokenizer, model_cfg, params, warm_info, train_records, eval_records,
+    return Setup(c, task, tokenizer, model_cfg, params, warm_info, base, train_records,
+                 eval_records,
                  len(too_long), mesh, fns, train_rollout,
                  train_rollout if same else rollout(e.temperature, eval_new))
 

@@ -14,7 +14,7 @@ from ada import sharding as shd
 from ada import warmstart
 from ada.data.task import Task
 from ada.errors import ConfigError
-from ada.models import init_params, preset
+from ada.models import init_params, lora, preset
 from ada.models.hf import load_hf
 from ada.models.hf_config import read_config
 from ada.models.transformer import param_shapes
@@ -115,3 +115,12 @@ def initial_policy(config, model_cfg, warm_info: dict) -> str:
         return os.path.abspath(config.model.path)
     shape = hashlib.sha256(repr(model_cfg).encode()).hexdigest()[:12]
     return warm_info.get("path") or f"random-init-{shape}-seed{config.seed}"
+
+
+def base_ref(config, model_cfg, params, warm_info: dict) -> dict | None:
+    """A LoRA run's reference to its frozen base, which its checkpoints do not hold: the
+    initial policy's name and its params' content hash (None without LoRA)."""
+    if not config.model.lora.rank:
+        return None
+    return {"path": initial_policy(config, model_cfg, warm_info),
+            "hash": lora.fingerprint(params)}

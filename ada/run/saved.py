@@ -9,10 +9,18 @@ from typing import Any
 
 from ada import paths
 from ada.checkpoint import Checkpointer
-from ada.config import load_run_config
+from ada.config import load_run_config, train_config
 from ada.data.encode import encode_records
 from ada.data.task import load_task
-from ada.run.policy import initial_params, initial_policy, load_tokenizer_for, model_config_for
+from ada.models import lora
+from ada.run.policy import (
+    base_ref,
+    initial_params,
+    initial_policy,
+    load_tokenizer_for,
+    model_config_for,
+)
+from ada.run.state import check_base
 from ada.tokenizer import Tokenizer
 
 
@@ -47,16 +55,26 @@ def load_run(workdir: str | None, step: int | None = None, *, config=None) -> Lo
         tokenizer = load_tokenizer_for(built, task)
         model_cfg = model_config_for(built, tokenizer)
         if step is not None:
-            params = ckpt.restore_params(step, host=True)[0]["params"]  # placed by the sampler
-            policy = paths.join(ckpt.directory, str(step))
+            tree, meta = ckpt.restore_params(step, host=True)  # placed by the sampler
+            params, policy = tree["params"], paths.join(ckpt.directory, str(step))
+            if "base" in meta:  # LoRA: the adapters alone; the base is rebuilt as the run did
+                base, warm_info = _initial(built, model_cfg, tokenizer, task)
+                check_base(meta, base_ref(built, model_cfg, base, warm_info), ckpt.directory)
+                attached = lora.attach(base, train_config(built).lora, model_cfg.compute_dtype)
+                params = lora.join(params, lora.split(attached)[1])
         else:
-            if task is None and built.warmstart.enabled:
-                task = load_task(built)
-            train = encode_records(task.train, tokenizer, built.tokenizer.template,
-                                   built.data.max_prompt_len)[0] if task else []
-            params, warm_info = initial_params(built, model_cfg, tokenizer, task, train)
+            params, warm_info = _initial(built, model_cfg, tokenizer, task)
             policy = initial_policy(built, model_cfg, warm_info)
     finally:
         if ckpt is not None:
             ckpt.close()
     return LoadedRun(config, model_cfg, tokenizer, params, step, policy)
+
+
+def _initial(built, model_cfg, tokenizer, task):
+    """The run's initial params and warm-start info (its task read if the warm start needs it)."""
+    if task is None and built.warmstart.enabled:
+        task = load_task(built)
+    train = encode_records(task.train, tokenizer, built.tokenizer.template,
+                           built.data.max_prompt_len)[0] if task else []
+    return initial_params(built, model_cfg, tokenizer, task, train)

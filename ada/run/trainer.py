@@ -55,7 +55,7 @@ class Trainer:
         self.ref_params = (jax.tree.map(jnp.copy, train.params)
                            if setup.fns.config.reference_copy else None)
         self.ckpt = folder.checkpoints(workdir, c.checkpoint.keep)
-        self.state = RunState(train, jax.random.key(c.seed))
+        self.state = RunState(train, jax.random.key(c.seed), base=setup.base)
         self.saved: int | None = None  # the latest step saved (its write may be in flight)
         self.stream: Stream | None = None
         self._finite = None  # (step, its all-finite flag on the device), not yet read
@@ -68,6 +68,8 @@ class Trainer:
         if resumed:
             try:
                 self.state = self.state.restore(ckpt)
+            except ConfigError:  # a LoRA checkpoint's other base: its own line
+                raise
             except Exception as e:  # noqa: BLE001 - e.g. a forced model change: shapes differ
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
                 raise ConfigError(f"checkpoint {ckpt.latest_step()} in {ckpt.directory} does not "
