@@ -28,7 +28,7 @@ from ada.run.policy import (
     load_tokenizer_for,
     model_config_for,
 )
-from ada.sampling.backends import make_engine
+from ada.sampling.backends import eval_sampling, make_engine
 from ada.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def build(config) -> Setup:
     check_context_window(c, model_cfg)
     mesh = train_mesh(c)  # a bad split of the devices fails before the warm start
     params, warm_info = initial_params(c, model_cfg, tokenizer, task, train_records)
-    s, e = c.sampling, c.eval
+    s = c.sampling
     collect = collect_config(c)
 
     def rollout(temperature, max_new_tokens):
@@ -90,12 +90,11 @@ def build(config) -> Setup:
     if tuple(c.data.pass_rate_range) != (0.0, 1.0):
         train_records = filter_by_pass_rate(c, train_records, params, model_cfg, train_rollout,
                                             warm_info)
-    eval_new = e.max_new_tokens or s.max_new_tokens
-    same = e.temperature == s.temperature and eval_new == s.max_new_tokens
+    own = eval_sampling(c)
     fns = make_train_fns(model_cfg, train_config(c), mesh)
     return Setup(c, task, tokenizer, model_cfg, params, warm_info, train_records, eval_records,
                  len(too_long), mesh, fns, train_rollout,
-                 train_rollout if same else rollout(e.temperature, eval_new))
+                 train_rollout if own is None else rollout(**own))
 
 
 def prompts_and_layout(c, s: Setup) -> tuple[PromptIterator, BatchLayout]:
