@@ -36,7 +36,7 @@ from ada.config import train_config
 from ada.models.paged_attention import page_bytes
 from ada.rl import train as rl
 from ada.roofline import device_bytes
-from ada.sampling.backends import make_engine
+from ada.sampling.backends import eval_sampling, make_engine
 
 PREFIX_CACHE_SIZE = 64  # the Driver's prefix_cache_size: prefill rows (dense) kept between rounds
 PHASES = ("init", "prefill", "generate", "update", "handoff", "eval", "save")
@@ -142,12 +142,10 @@ def run_resident(config, model_cfg, train_mesh, sampling_mesh) -> dict:
     built as the run builds them (ada.run.build: eval gets its own engine only for another
     temperature or length), with the cache and attention its sampler runs. Computed once
     per plan and passed down (`run_memory`, `plan_memory`, planner.make_plan's `held`)."""
-    c, e = config, config.eval
+    c = config
     engine = make_engine(c, model_cfg, None, sampling_mesh)
-    eval_new = e.max_new_tokens or c.sampling.max_new_tokens
-    same = e.temperature == c.sampling.temperature and eval_new == c.sampling.max_new_tokens
-    eval_engine = engine if same else make_engine(
-        c, model_cfg, None, sampling_mesh, temperature=e.temperature, max_new_tokens=eval_new)
+    own = eval_sampling(c)
+    eval_engine = engine if own is None else make_engine(c, model_cfg, None, sampling_mesh, **own)
     tc = train_config(c)
     fns = rl.make_train_fns(model_cfg, tc, train_mesh)
     kept = (c.rl.max_staleness + 1) * c.data.prompts_per_step // jax.process_count()

@@ -70,7 +70,7 @@ from ada.roofline import (
     with_shardings,
 )
 from ada.run.policy import check_context_window, model_config_for
-from ada.sampling.backends import make_engine
+from ada.sampling.backends import BACKENDS, make_engine, plan_variant
 from ada.sampling.bucket_moves import cache_sized_moves
 from ada.sampling.pages import slots_that_fit
 from ada.tokenizer import load_tokenizer
@@ -352,13 +352,6 @@ def plan_paged(config, engine, line: tuple[float, float], hbm: float, mesh: tupl
                 else "half of sampling.max_new_tokens (sampling.mean_response_len=0)")
 
 
-def paged_variant(config):
-    """The config with the paged cache and its default pool (every slot's worst case)."""
-    paged = copy.deepcopy(config)
-    paged.sampling.kv_cache, paged.sampling.num_pages = "paged", 0
-    return paged
-
-
 def compiled_paged(config, model_cfg, mesh, params, planned: dict, held: int, hbm: float,
                    log) -> dict:
     """The paged engine make_engine builds for this sampler, its generate compiled twice.
@@ -369,7 +362,7 @@ def compiled_paged(config, model_cfg, mesh, params, planned: dict, held: int, hb
     pages at the mean fill, `headroom` more kept free, a null page per data shard), checked
     to fit beside the held train state by the compiler's peak; a miss redraws the count on
     the line through the sampler's fixed bytes and that peak (at most four tries)."""
-    paged = paged_variant(config)
+    paged = plan_variant(config, "paged")
     engine = make_engine(paged, model_cfg, None, mesh)
     log(f"the paged generate at {engine.num_slots} slots ({engine.attention})")
     table = engine.num_slots * engine.pages_per_slot * 4  # the page table, int32, replicated
@@ -404,8 +397,7 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     (`plan_paged`). `log(program)` is called as each program starts compiling (ada.cli.plan's
     progress line). `buckets`: also compile every bucket of the dense and the paged engine and
     count the cache-sized moves between chips in them (ada.sampling.bucket_moves)."""
-    run_config, config = config, copy.deepcopy(config)
-    config.sampling.kv_cache = "dense"
+    run_config, config = config, plan_variant(config, "dense")
     n, first = len(devices), [d for d in devices if d.process_index == 0]
     m = config.mesh
     train_mesh = shd.make_mesh(mesh_sizes((m.data, m.fsdp, m.tensor), n, "mesh (data, fsdp, "
@@ -460,9 +452,9 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         p["dense"] = dict(max_slots=p["max_num_slots"], cache_bytes_per_chip=int(
             ph["generate"]["arguments_bytes"] - device_bytes(params)))
         p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]
-        # cohorts in flight hold the dense cache's slots through the update (a paged pool's
-        # bytes are its pages', whatever its slots)
-        if (run_config.rl.max_staleness > 0 and run_config.sampling.kv_cache == "dense"
+        # cohorts in flight hold the sampler's cache through the update, which caps the
+        # slots where its bytes follow them (the row's slot_bound: dense, not a paged pool)
+        if (run_config.rl.max_staleness > 0 and BACKENDS[run_config.sampling.kv_cache].slot_bound
                 and p["max_num_slots"]):
             p["max_num_slots"] = min(p["max_num_slots"], memory.update_slots(
                 p["max_num_slots"], data, ph, resident, engine, hbm))
@@ -471,7 +463,7 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         p["fits"] = (all(fits(f, hbm) for f in ph.values())
                      and all(f["fits"] for f in p["memory"]["phases"].values()))
     if buckets:
-        paged = make_engine(paged_variant(config), model_cfg, None, sampling_mesh)
+        paged = make_engine(plan_variant(config, "paged"), model_cfg, None, sampling_mesh)
         p["buckets"] = cache_sized_moves([engine, paged], params, lambda name: log(
             f"the bucket {name}"))
     slots = engine.num_slots if fits(ph["generate"], hbm or math.inf) else p["max_num_slots"]

@@ -22,7 +22,7 @@ def base() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.path = ""  # a Hugging Face model directory; '' -> random init from the preset
     c.model.preset = "tiny"  # ada.models.presets name, used when path is ''
-    c.model.family = "qwen2"  # qwen2 | qwen3 | llama | gemma2 | gemma3 (ada/models/transformer.py)
+    c.model.family = "qwen2"  # qwen2 | qwen3 | llama | gemma2 | gemma3 (ada/models/families.py)
     c.model.hidden_size = 0  # > 0 overrides the preset's size (tiny embedded model)
     c.model.num_layers = 0  # > 0 overrides the preset's depth
     c.model.dtype = "float32"  # compute dtype (and the sampler's weights)

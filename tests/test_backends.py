@@ -5,7 +5,7 @@ import pytest
 
 from ada import config as C
 from ada.models import preset
-from ada.sampling.backends import BACKENDS, make_engine
+from ada.sampling.backends import BACKENDS, eval_sampling, make_engine, plan_variant
 from ada.sampling.paged_config import KV_CACHES
 
 
@@ -24,3 +24,31 @@ def test_make_engine_builds_the_rows_engine(kv_cache):
                                             ("sampling.mesh", "(1,1)")])
     engine = make_engine(cfg, preset("tiny", vocab_size=64), None, max_new_tokens=4)
     assert type(engine) is BACKENDS[kv_cache].engine
+
+
+@pytest.mark.parametrize("kv_cache", KV_CACHES)
+def test_plan_variant_sets_the_rows_plan_knobs(kv_cache):
+    """Breaks if the planner's variant of a backend is another row's, keeps the run's knobs
+    where its row plans others (the paged pool at the run's num_pages rather than every
+    slot's worst case), or changes the run's own config."""
+    cfg = C.build_config(C.DEFAULT_CONFIG, [("sampling.num_pages", "64")])
+    variant = plan_variant(cfg, kv_cache)
+    knobs = BACKENDS[kv_cache].plan_knobs(cfg.sampling)
+    assert variant.sampling.kv_cache == kv_cache
+    assert all(variant.sampling[k] == v for k, v in knobs.items())
+    assert (cfg.sampling.kv_cache, cfg.sampling.num_pages) == ("dense", 64)
+    assert BACKENDS[kv_cache].slot_bound == (kv_cache == "dense")
+
+
+@pytest.mark.parametrize("overrides, own", [
+    ([], None),
+    ([("eval.max_new_tokens", "16")], None),  # the sampling length spelled out
+    ([("eval.temperature", "0.6")], dict(temperature=0.6, max_new_tokens=16)),
+    ([("eval.max_new_tokens", "32")], dict(temperature=1.0, max_new_tokens=32)),
+])
+def test_eval_gets_its_own_engine_only_for_another_temperature_or_length(overrides, own):
+    """Breaks if eval builds a second engine (a second decode state the ledger would not
+    count, or miss) at the training engine's own temperature and length, or shares it at
+    another."""
+    cfg = C.build_config(C.DEFAULT_CONFIG, [("sampling.max_new_tokens", "16")] + overrides)
+    assert eval_sampling(cfg) == own

@@ -14,7 +14,7 @@ import inspect
 
 import numpy as np
 import pytest
-from test_paged import random_params
+from helpers import random_params
 
 from ada.models import preset
 from ada.sampling.contract import ChunkStats, DecodeEngine, SlotBackend

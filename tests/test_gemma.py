@@ -11,6 +11,7 @@ downloaded.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -21,10 +22,11 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from helpers import left_padded
 from safetensors.numpy import load_file, save_file
 from tolerances import model_tol
 
-from ada.models import forward, init_cache, positions_from_mask
+from ada.models import forward, init_cache
 from ada.models.hf import load_hf, save_hf
 from ada.models.hf_config import CheckpointError, config_from_hf, config_to_hf
 from ada.models.known import KNOWN
@@ -80,14 +82,8 @@ def gemma(request, tmp_path_factory):
     return model, params, config, path
 
 
-def batch(vocab_size, B=3, T=24, pads=(0, 3, 9), seed=0):
-    """A left-padded batch whose rows run several windows past WINDOW."""
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(3, vocab_size, (B, T))
-    mask = np.ones((B, T), bool)
-    for b, p in enumerate(pads):
-        mask[b, :p] = False
-    return tokens, mask, np.asarray(positions_from_mask(jnp.asarray(mask)))
+# left-padded rows that run several windows past WINDOW
+batch = functools.partial(left_padded, T=24, pads=(0, 3, 9), low=3)
 
 
 def hf_logits(model, tokens, mask, positions):

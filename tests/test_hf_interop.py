@@ -7,6 +7,7 @@ tokens of a left-padded batch.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -19,12 +20,12 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from helpers import jit_forward, left_padded
 from safetensors.numpy import load_file, save_file
 from tiny_hf import make_tiny_hf
 from tolerances import model_tol
 
 from ada.cli.inspect_model import main as inspect_main
-from ada.models import forward, positions_from_mask
 from ada.models.hf import load_hf, read_safetensors_header, save_hf
 from ada.models.hf_config import CheckpointError, check_vocab, config_from_hf, config_to_hf
 from ada.models.known import KNOWN
@@ -38,17 +39,7 @@ pytestmark = pytest.mark.numerics  # CI runs it again under another CPU's kernel
 # few percent of the largest logit; measured ~1.5% here, asserted at 5%.
 BF16_REL_TOL = 0.05
 
-_forward = jax.jit(forward, static_argnums=1)
-
-
-def _batch(vocab_size, B=3, T=16, seed=0):
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, vocab_size, (B, T))
-    mask = np.ones((B, T), bool)
-    mask[1, :3] = False
-    mask[2, :9] = False
-    positions = np.asarray(positions_from_mask(jnp.asarray(mask)))
-    return tokens, mask, positions
+_batch = functools.partial(left_padded, T=16, pads=(0, 3, 9))
 
 
 def hf_logits(model, tokens, mask, positions):
@@ -62,7 +53,7 @@ def hf_logits(model, tokens, mask, positions):
 
 
 def ada_logits(params, config, tokens, mask, positions):
-    out, _ = _forward(params, config, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
+    out, _ = jit_forward(params, config, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
     return np.asarray(out)
 
 

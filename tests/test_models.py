@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from helpers import DENSE_FAMILIES, jit_forward, left_padded, random_params
 from tiny_hf import HF_CLASSES, hf_config_for
 from tolerances import model_tol
 
@@ -26,35 +27,9 @@ from ada.models.transformer import rope_inv_freq
 
 pytestmark = pytest.mark.numerics  # CI runs it again under another CPU's kernels
 
-FAMILIES = ("qwen2", "qwen3", "llama")
 # bfloat16 compute (float32 params cast per block) against float32 compute: bf16 keeps 8
 # mantissa bits, so logits of the tiny models move by ~1% of their largest value; 5% asserted.
 BF16_REL_TOL = 0.05
-
-_forward = jax.jit(forward, static_argnums=1)
-
-
-def random_params(config: ModelConfig, seed: int = 0):
-    """normal(0, 0.1) weights, norms 1 + normal(0, 0.1), biases normal(0, 0.1): every tensor
-    matters to the output. Drawn with NumPy (eager jax.random would compile per shape)."""
-    rng = np.random.default_rng(seed)
-
-    def draw(path, shape):
-        x = 0.1 * rng.standard_normal(shape)
-        return jnp.asarray(x + 1.0 if path[-1].key.endswith("norm") else x, jnp.float32)
-
-    return jax.tree_util.tree_map_with_path(draw, param_shapes(config),
-                                            is_leaf=lambda x: isinstance(x, tuple))
-
-
-def left_padded(vocab_size, B=3, T=20, pads=(0, 4, 11), seed=0):
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, vocab_size, (B, T))
-    mask = np.ones((B, T), bool)
-    for b, p in enumerate(pads):
-        mask[b, :p] = False
-    return tokens, mask, np.asarray(positions_from_mask(jnp.asarray(mask)))
-
 
 # ----------------------------------------------------------------------------- NumPy reference
 
@@ -108,17 +83,17 @@ def numpy_forward(params, c: ModelConfig, tokens, positions, mask):
     return out
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=DENSE_FAMILIES)
 def model(request):
     config = preset("tiny", family=request.param)
-    return config, random_params(config, seed=FAMILIES.index(request.param))
+    return config, random_params(config, seed=DENSE_FAMILIES.index(request.param))
 
 
 def test_forward_matches_numpy_float64(model):
     config, params = model
     tokens, mask, positions = left_padded(config.vocab_size)
     ref = numpy_forward(params, config, tokens, positions, mask)
-    out, cache = _forward(params, config, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
+    out, cache = jit_forward(params, config, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
     assert cache is None and out.dtype == jnp.float32 and out.shape == ref.shape
     diff = np.abs(np.asarray(out) - ref)[mask].max()
     assert diff <= model_tol(ref, config), diff
@@ -147,8 +122,8 @@ def _decode(params, config, tokens, mask, positions, chunks, max_len):
     outs, start = [], 0
     for n in chunks:
         sl = slice(start, start + n)
-        out, cache = _forward(params, config, jnp.asarray(tokens[:, sl]),
-                              jnp.asarray(positions[:, sl]), jnp.asarray(mask[:, sl]), cache)
+        out, cache = jit_forward(params, config, jnp.asarray(tokens[:, sl]),
+                                 jnp.asarray(positions[:, sl]), jnp.asarray(mask[:, sl]), cache)
         outs.append(np.asarray(out))
         start += n
     assert start == tokens.shape[1]
@@ -158,7 +133,7 @@ def _decode(params, config, tokens, mask, positions, chunks, max_len):
 def test_incremental_decode_equals_full_forward(model):
     config, params = model
     tokens, mask, positions = left_padded(config.vocab_size)
-    full, _ = _forward(params, config, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
+    full, _ = jit_forward(params, config, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
     T = tokens.shape[1]
     chunks = [14] + [1] * (T - 14)  # prefill (covers every row's padding), then 1-token steps
     inc, cache = _decode(params, config, tokens, mask, positions, chunks, max_len=T + 4)
@@ -192,8 +167,8 @@ def test_decode_params_equal_stacked(model):
                     jax.tree_util.tree_leaves(stacked_cache), strict=True):
         np.testing.assert_array_equal(a, b)
     args = [jnp.asarray(a) for a in (tokens, positions, mask)]
-    np.testing.assert_allclose(np.asarray(_forward(split, config, *args)[0]),
-                               np.asarray(_forward(params, config, *args)[0]),
+    np.testing.assert_allclose(np.asarray(jit_forward(split, config, *args)[0]),
+                               np.asarray(jit_forward(params, config, *args)[0]),
                                atol=model_tol(stacked, config))
     # Without the unembedding copy (the TPU's form): a tied embedding is held once and serves
     # the gather and the unembedding; the same logits up to rounding.
@@ -259,16 +234,16 @@ def test_read_then_write_equals_write_then_read(model):
 def test_left_padding_is_invisible(model):
     config, params = model
     tokens, mask, positions = left_padded(config.vocab_size)
-    out = np.asarray(_forward(params, config, jnp.asarray(tokens), jnp.asarray(positions),
-                              jnp.asarray(mask))[0])
+    out = np.asarray(jit_forward(params, config, jnp.asarray(tokens), jnp.asarray(positions),
+                                 jnp.asarray(mask))[0])
     # other ids in the padding slots change nothing
     junk = np.where(mask, tokens, (tokens + 17) % config.vocab_size)
-    out_junk = np.asarray(_forward(params, config, jnp.asarray(junk), jnp.asarray(positions),
-                                   jnp.asarray(mask))[0])
+    out_junk = np.asarray(jit_forward(params, config, jnp.asarray(junk), jnp.asarray(positions),
+                                      jnp.asarray(mask))[0])
     np.testing.assert_array_equal(out[mask], out_junk[mask])
     # the padded row equals the same tokens run alone without padding
     row = tokens[2:3, 11:]
-    alone, _ = _forward(params, config, jnp.asarray(row), jnp.arange(row.shape[1])[None], None)
+    alone, _ = jit_forward(params, config, jnp.asarray(row), jnp.arange(row.shape[1])[None], None)
     diff = np.abs(np.asarray(alone)[0] - out[2, 11:]).max()
     assert diff <= model_tol(out, config), diff
 
@@ -292,9 +267,9 @@ def test_bfloat16_compute_close_to_float32(model):
     config, params = model
     tokens, mask, positions = left_padded(config.vocab_size)
     args = (jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
-    ref = np.asarray(_forward(params, config, *args)[0])
+    ref = np.asarray(jit_forward(params, config, *args)[0])
     bf16 = config.replace(dtype="bfloat16")
-    out = np.asarray(_forward(params, bf16, *args)[0])
+    out = np.asarray(jit_forward(params, bf16, *args)[0])
     assert out.dtype == np.float32 and np.isfinite(out).all()
     scale = np.abs(ref[mask]).max()
     rel = np.abs(out - ref)[mask].max() / scale
@@ -313,7 +288,7 @@ def test_bfloat16_compute_close_to_float32(model):
 # ----------------------------------------------------------------------------- config, counts
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", DENSE_FAMILIES)
 @pytest.mark.parametrize("name, lo, hi", [("tiny", 1e5, 1e6), ("small", 1e7, 3e7)])
 def test_param_count_matches_transformers(family, name, lo, hi):
     config = preset(name, family=family)

@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import DENSE_FAMILIES, jit_forward, random_params
 from tolerances import logprob_tol, model_tol
 
-from ada.models import forward, init_cache, param_shapes, positions_from_mask, preset
+from ada.models import init_cache, param_shapes, positions_from_mask, preset
 from ada.models.known import known
 from ada.models.layers import score_scale
 from ada.models.paged_attention import (
@@ -35,7 +36,6 @@ from ada.sampling.samplers import SamplingConfig
 
 pytestmark = pytest.mark.numerics  # CI runs it again under another CPU's kernels
 
-FAMILIES = ("qwen2", "qwen3", "llama")
 GEMMA_WINDOW = 8  # the Gemma models' sliding window here: the requests run past it
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               "configs", "default.py")
@@ -51,19 +51,6 @@ def tiny(family):
 TOL = 1e-5
 GREEDY = SamplingConfig(temperature=0.0)
 NUM_PAGES_SMALL = 9
-_forward = jax.jit(forward, static_argnums=1)
-
-
-def random_params(config, seed=0):
-    """normal(0, 0.1) weights, norms 1 + normal(0, 0.1): every tensor matters."""
-    rng = np.random.default_rng(seed)
-
-    def draw(path, shape):
-        x = 0.1 * rng.standard_normal(shape)
-        return jnp.asarray(x + 1.0 if path[-1].key.endswith("norm") else x, jnp.float32)
-
-    return jax.tree_util.tree_map_with_path(draw, param_shapes(config),
-                                            is_leaf=lambda x: isinstance(x, tuple))
 
 
 def dense_greedy(params, config, prompts, steps):
@@ -74,14 +61,14 @@ def dense_greedy(params, config, prompts, steps):
     for i, p in enumerate(prompts):
         tokens[i, P - len(p):], mask[i, P - len(p):] = p, True
     cache = init_cache(config, R, P + steps)
-    logits, cache = _forward(params, config, tokens, positions_from_mask(mask), mask, cache)
+    logits, cache = jit_forward(params, config, tokens, positions_from_mask(mask), mask, cache)
     last, pos, out_t, out_l = logits[:, -1], mask.sum(1).astype(np.int32), [], []
     for _ in range(steps):
         out_l.append(np.asarray(last))
         tok = jnp.argmax(last, -1).astype(jnp.int32)
         out_t.append(np.asarray(tok))
-        logits, cache = _forward(params, config, tok[:, None], pos[:, None],
-                                 np.ones((R, 1), bool), cache)
+        logits, cache = jit_forward(params, config, tok[:, None], pos[:, None],
+                                    np.ones((R, 1), bool), cache)
         last, pos = logits[:, 0], pos + 1
     return np.stack(out_t, 1), np.stack(out_l, 1)
 
@@ -218,7 +205,7 @@ def _paged_copy(rng, alloc, lengths, shared_len, K, Hd, pool):
     return pool, k, v
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", DENSE_FAMILIES)
 def test_paged_attention_equals_dense_attention(family):
     c = preset("tiny", family=family)
     H, K, Hd = c.num_heads, c.num_kv_heads, c.head_dim
@@ -291,7 +278,7 @@ def setup_family(family):
     return _SETUPS[family]
 
 
-@pytest.mark.parametrize("family", FAMILIES + ("gemma2", "gemma3"))
+@pytest.mark.parametrize("family", DENSE_FAMILIES + ("gemma2", "gemma3"))
 def test_paged_decode_equals_dense_decode(family):
     """Four slots in lockstep: the same greedy tokens as the dense cache, log-probs at
     every step and full logits at every chunk boundary within model_tol; prompt 0 is prefilled
@@ -332,7 +319,7 @@ def test_paged_decode_equals_dense_decode(family):
     assert max_logit_diff < f["tol"], (max_logit_diff, f["tol"])
 
 
-@pytest.mark.parametrize("family", FAMILIES + ("gemma2", "gemma3"))
+@pytest.mark.parametrize("family", DENSE_FAMILIES + ("gemma2", "gemma3"))
 def test_kernel_arguments_give_the_gather_paths_outputs(family):
     """The arguments the engine's kernel path hands ragged_paged_attention (which cannot run
     here), passed to the kernel's own reference, give the gather path's logits: every
@@ -452,7 +439,7 @@ def run_paged(eng, alloc, params, requests, lookahead):
     return done, preempted
 
 
-@pytest.mark.parametrize("family", FAMILIES + ("gemma3",))
+@pytest.mark.parametrize("family", DENSE_FAMILIES + ("gemma3",))
 def test_continuous_batching_and_running_out_of_pages(family):
     """Continuous batching over pages equals dense greedy decoding request by request:
     slots finish mid-chunk and are refilled with the freed pages (full reservation: never

@@ -15,7 +15,7 @@ import re
 import jax
 import numpy as np
 import pytest
-from test_paged import _forward, random_params
+from helpers import jit_forward, random_params
 from test_runner import DEFAULT, tiny_overrides
 from tolerances import logprob_tol
 
@@ -64,8 +64,8 @@ def run_paged(engine, params, requests, step_key=0):
 def requests_tol(params, config, requests) -> float:
     """tolerances.logprob_tol at the largest |logit| the model gives over the prompts."""
     prompts = {r.prompt_id: r.prompt_tokens for r in requests}.values()
-    return max(logprob_tol(_forward(params, config, np.asarray([p]), np.arange(len(p))[None],
-                                    np.ones((1, len(p)), bool), None)[0], config) for p in prompts)
+    return max(logprob_tol(jit_forward(params, config, np.asarray([p]), np.arange(len(p))[None],
+                                       np.ones((1, len(p)), bool), None)[0], config) for p in prompts)
 
 
 def assert_same(dense, paged, tol):

@@ -274,8 +274,8 @@ def test_new_weights_between_chunks(paged):
     of the chunk after the swap (the 5th) comes from the old weights' last logits, so it is
     version 0, and its behaviour log-prob is the old model's, not the new one's (labelled 1,
     as the driver once did, it would get importance weight 1 and lag 0)."""
+    from helpers import random_params
     from test_engine import model_logprobs
-    from test_paged import random_params
 
     from ada.models import preset
     from ada.sampling.driver import Driver, Request

@@ -32,6 +32,7 @@ from ada import config as cfglib
 from ada import paths
 from ada.cli import args as cli_args
 from ada.config import DEFAULT_CONFIG, ConfigError, fail
+from ada.sampling.paged_config import KV_CACHES
 
 EXAMPLE_PROBLEM = "What is 12 + 34?"
 EPILOG = """examples:
@@ -75,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
                    help="DATA,TENSOR: the engine's mesh over this host's devices, e.g. "
                         "--mesh=1,8 (default: the run's sampling.mesh; DATA -1: all of them)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
-    p.add_argument("--kv_cache", choices=["dense", "paged"], default=None,
+    p.add_argument("--kv_cache", choices=KV_CACHES, default=None,
                    help="the KV cache to serve from (default: the run's sampling.kv_cache); "
                         "paged reserves every slot's worst case: JetStream cannot defer")
     return p

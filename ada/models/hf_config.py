@@ -1,6 +1,6 @@
 """Hugging Face `config.json` <-> ModelConfig, with no weights involved.
 
-The supported architectures map to the families of `ada.models.transformer`:
+The supported architectures are the rows of `ada.models.families` (FAMILIES):
 
   Qwen2ForCausalLM (Qwen2, Qwen2.5, Qwen2.5-Math)   -> "qwen2"
   Qwen3ForCausalLM                                 -> "qwen3"
@@ -25,8 +25,8 @@ import json
 import os
 from typing import Any
 
+from ada.models.families import FAMILIES
 from ada.models.model_config import (
-    GEMMA_PATTERN,
     LinearRopeScaling,
     Llama3RopeScaling,
     ModelConfig,
@@ -35,33 +35,19 @@ from ada.models.model_config import (
 
 CONFIG_FILE = "config.json"
 
-ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama",
-                 "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
-                 "Gemma3ForConditionalGeneration": "gemma3"}
-FAMILY_ARCHITECTURE = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                       "llama": "LlamaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                       "gemma3": "Gemma3ForCausalLM"}
-# The model_type each architecture's config.json carries.
-ARCH_MODEL_TYPE = {"Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3"}
 ROPE_TYPES = ("default", "llama3")
 GEMMA_ROPE_TYPES = ("default", "linear")  # linear on the global layers (Gemma 3 4B and up)
 
-# transformers' Gemma2Config / Gemma3TextConfig defaults, for keys a config.json omits.
-GEMMA_DEFAULTS = {
-    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216,
-                   num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
-                   head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
-                   rope_theta=10000.0, query_pre_attn_scalar=256, sliding_window=4096,
-                   final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
-                   tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh"),
-    "gemma3": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216,
-                   num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
-                   head_dim=256, max_position_embeddings=131072, rms_norm_eps=1e-6,
-                   rope_theta=1_000_000.0, rope_local_base_freq=10000.0,
-                   query_pre_attn_scalar=256, sliding_window=4096,
-                   final_logit_softcapping=None, attn_logit_softcapping=None,
-                   tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh"),
-}
+
+def _names(which: int) -> dict[str, tuple[str, bool]]:
+    """The rows' HF architectures (which=0) or model_types (1) -> (family, multimodal: its
+    text model under text_config), read at each call so that a row is all a family needs."""
+    out = {}
+    for name, f in FAMILIES.items():
+        out[(f.hf_architecture, f.model_type)[which]] = (name, False)
+        if f.multimodal:
+            out[f.multimodal[which]] = (name, True)
+    return out
 
 
 class CheckpointError(ValueError):
@@ -193,7 +179,7 @@ def _gemma_fields(cfg: dict, family: str, layers: int, source: str) -> dict:
             raise CheckpointError(f"{source}: layer_types {other} not supported")
         windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
     else:
-        pattern = _get_int(cfg, "sliding_window_pattern", source, GEMMA_PATTERN[family])
+        pattern = _get_int(cfg, "sliding_window_pattern", source, FAMILIES[family].layer_pattern)
         windows = gemma_windows(family, layers, window, pattern)
     theta, scaling, local_theta = _gemma_rope(cfg, source)
     caps = {}
@@ -205,8 +191,7 @@ def _gemma_fields(cfg: dict, family: str, layers: int, source: str) -> dict:
             raise CheckpointError(f"{source}: {key!r} must be a number or null, got {value!r}")
         caps[field] = None if value is None else float(value)
     return dict(sliding_windows=windows, rope_theta=theta, rope_scaling=scaling,
-                rope_local_theta=None if family == "gemma2" else local_theta,
-                qk_norm=family == "gemma3", **caps)
+                rope_local_theta=local_theta if FAMILIES[family].local_rope else None, **caps)
 
 
 def config_from_hf(cfg: dict, source: str = CONFIG_FILE) -> ModelConfig:
@@ -215,38 +200,37 @@ def config_from_hf(cfg: dict, source: str = CONFIG_FILE) -> ModelConfig:
     extra biases)."""
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
-    supported = ", ".join(ARCHITECTURES)
+    architectures = _names(0)
+    supported = ", ".join(architectures)
     archs = cfg.get("architectures")
     model_type = cfg.get("model_type")
     if archs:
         if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
             raise CheckpointError(f"{source}: 'architectures' must be a list of names, got {archs!r}")
-        known = [a for a in archs if a in ARCHITECTURES]
+        known = [a for a in archs if a in architectures]
         if not known:
             raise CheckpointError(
                 f"{source}: unsupported architecture {archs}; supported: {supported}"
             )
-        family = ARCHITECTURES[known[0]]
-        expected = ARCH_MODEL_TYPE.get(known[0], family)
+        family, multimodal = architectures[known[0]]
+        row = FAMILIES[family]
+        expected = row.multimodal[1] if multimodal else row.model_type
         if model_type is not None and model_type != expected:
             raise CheckpointError(
                 f"{source}: model_type {model_type!r} does not match architecture {known[0]} "
                 f"(expected model_type {expected!r})"
             )
-        multimodal = known[0] == "Gemma3ForConditionalGeneration"
-    elif model_type in FAMILY_ARCHITECTURE or model_type == "gemma3_text":
-        family, multimodal = "gemma3" if model_type == "gemma3_text" else model_type, False
+    elif model_type in (types := _names(1)):
+        family, multimodal = types[model_type]
     else:
         raise CheckpointError(
             f"{source}: no 'architectures' and unknown model_type {model_type!r}; "
             f"supported: {supported}"
         )
-    if model_type == "gemma3":
-        multimodal = True
+    row = FAMILIES[family]
     if multimodal:
         cfg = _text_config(cfg, source)
-    if family in GEMMA_DEFAULTS:
-        cfg = {**GEMMA_DEFAULTS[family], **cfg}
+    cfg = {**row.hf_defaults, **cfg}
 
     required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                 "num_attention_heads")
@@ -267,30 +251,28 @@ def config_from_hf(cfg: dict, source: str = CONFIG_FILE) -> ModelConfig:
     head_dim = _get_int({"head_dim": head_dim}, "head_dim", source)
 
     act = cfg.get("hidden_act", "silu")
-    if act != "silu" and family not in GEMMA_DEFAULTS:
+    if act != "silu" and not row.gemma:
         raise CheckpointError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
-    if family != "qwen2" and cfg.get("attention_bias"):
-        raise CheckpointError(
-            f"{source}: attention_bias=true is not supported for {family} (ada has no q/k/v/o "
-            "bias for this family)"
-        )
-    if family == "llama" and cfg.get("mlp_bias"):
-        raise CheckpointError(f"{source}: mlp_bias=true is not supported (ada's MLP has no bias)")
     if cfg.get("use_sliding_window"):
         raise CheckpointError(
             f"{source}: use_sliding_window=true is not supported; ada implements full attention "
             "only (set use_sliding_window=false if the model was trained without it)"
         )
+    for key, off in row.off_keys.items():
+        if cfg.get(key):
+            raise CheckpointError(f"{source}: {key}={json.dumps(cfg[key])} is not supported for "
+                                  f"{family} (ada's {family} block does not implement it; "
+                                  f"{json.dumps(off)} turns it off)")
     layer_types = cfg.get("layer_types") or []
     other = sorted({t for t in layer_types if t != "full_attention"})
     layers = _get_int(cfg, "num_hidden_layers", source)
-    if family in GEMMA_DEFAULTS:
+    if row.gemma:
         gemma = _gemma_fields(cfg, family, layers, source)
     elif other:
         raise CheckpointError(f"{source}: layer_types {other} not supported (only full_attention)")
     else:
         theta, scaling = _rope_fields(cfg, source)
-        gemma = dict(rope_theta=theta, rope_scaling=scaling, qk_norm=family == "qwen3")
+        gemma = dict(rope_theta=theta, rope_scaling=scaling)
     eps = cfg.get("rms_norm_eps", 1e-6)
     tie = cfg.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
@@ -307,7 +289,8 @@ def config_from_hf(cfg: dict, source: str = CONFIG_FILE) -> ModelConfig:
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=float(eps),
-            qkv_bias=family == "qwen2",
+            qkv_bias=row.qkv_bias,
+            qk_norm=row.qk_norm,
             tie_embeddings=tie,
             max_position_embeddings=_get_int(cfg, "max_position_embeddings", source, 32768),
             dtype=dtype,
@@ -334,8 +317,8 @@ def config_to_hf(config: ModelConfig, dtype: str | None = None) -> dict:
         }
         rope_params = {**legacy_scaling, "rope_theta": c.rope_theta}
     out = {
-        "architectures": [FAMILY_ARCHITECTURE[c.family]],
-        "model_type": c.family,
+        "architectures": [c.row.hf_architecture],
+        "model_type": c.row.model_type,
         **_shapes(c),
         "hidden_act": "silu",
         "max_position_embeddings": c.max_position_embeddings,
@@ -349,13 +332,7 @@ def config_to_hf(config: ModelConfig, dtype: str | None = None) -> dict:
         "dtype": dtype or c.param_dtype,
         "torch_dtype": dtype or c.param_dtype,
     }
-    if c.family in ("qwen3", "llama"):
-        out["attention_bias"] = False
-    if c.family == "llama":
-        out["mlp_bias"] = False
-    else:
-        out["use_sliding_window"] = False
-    return out
+    return out | c.row.off_keys
 
 
 def _shapes(c: ModelConfig) -> dict:
@@ -383,8 +360,8 @@ def _gemma_to_hf(c: ModelConfig, dtype: str | None) -> dict:
     rope_global = {"rope_type": "default", **(scaling or {}), "rope_theta": c.rope_theta}
     local_theta = c.rope_local_theta or c.rope_theta
     out = {
-        "architectures": [FAMILY_ARCHITECTURE[c.family]],
-        "model_type": "gemma2" if c.family == "gemma2" else "gemma3_text",
+        "architectures": [c.row.hf_architecture],
+        "model_type": c.row.model_type,
         **_shapes(c),
         "hidden_activation": "gelu_pytorch_tanh",
         "max_position_embeddings": c.max_position_embeddings,
@@ -398,21 +375,20 @@ def _gemma_to_hf(c: ModelConfig, dtype: str | None) -> dict:
         "attn_logit_softcapping": c.attn_logit_softcap,
         "final_logit_softcapping": c.final_logit_softcap,
         "tie_word_embeddings": c.tie_embeddings,
-        "attention_bias": False,
         "attention_dropout": 0.0,
         "use_cache": True,
         "dtype": dtype or c.param_dtype,
         "torch_dtype": dtype or c.param_dtype,
     }
-    if c.family == "gemma2":
+    if not c.row.local_rope:
         if c.rope_scaling is not None or c.rope_local_theta not in (None, c.rope_theta):
-            raise ValueError("gemma2: one RoPE for every layer (no scaling, no local base)")
+            raise ValueError(f"{c.family}: one RoPE for every layer (no scaling, no local base)")
         out["rope_parameters"] = rope_global
     else:
         out["rope_local_base_freq"] = local_theta
         out["rope_parameters"] = {"full_attention": rope_global, "sliding_attention": {
             "rope_type": "default", "rope_theta": local_theta}}
-    return out
+    return out | c.row.off_keys
 
 
 def read_config(path: str | os.PathLike) -> tuple[dict, ModelConfig]:
@@ -443,6 +419,6 @@ def check_vocab(config: ModelConfig, tokenizer_vocab_size: int) -> None:
 
 
 __all__ = [
-    "ARCHITECTURES", "CheckpointError", "check_vocab", "config_from_hf", "config_to_hf",
+    "CheckpointError", "check_vocab", "config_from_hf", "config_to_hf",
     "read_config",
 ]

@@ -1,6 +1,7 @@
 """ModelConfig: the frozen (hashable) description of one decoder, a static argument of `jax.jit`.
 
-The families differ only in switches (the table is in ada/models/transformer.py). Per-layer
+The families differ only in switches (the rows of ada/models/families.py; what each switch
+does to the block is the table in ada/models/transformer.py). Per-layer
 attention (a Gemma local layer's sliding window) lives here, in `sliding_windows`, so the
 training forward, the cached forward and the HF mapping read one source of truth.
 """
@@ -11,35 +12,13 @@ import dataclasses
 
 import jax.numpy as jnp
 
-FAMILIES = ("qwen2", "qwen3", "llama", "gemma2", "gemma3")
-GEMMA_FAMILIES = ("gemma2", "gemma3")
-# Gemma's default layer pattern: every n-th layer is global, the others local (HF's
-# `sliding_window_pattern`: 2 for Gemma 2, 6 for Gemma 3).
-GEMMA_PATTERN = {"gemma2": 2, "gemma3": 6}
-
-
-@dataclasses.dataclass(frozen=True)
-class Llama3RopeScaling:
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-
-    rope_type = "llama3"
-
-
-@dataclasses.dataclass(frozen=True)
-class LinearRopeScaling:
-    """Positions divided by `factor` (HF rope_type "linear"; Gemma 3's global layers)."""
-
-    factor: float = 8.0
-
-    rope_type = "linear"
+from ada.models.families import FAMILIES, Family, LinearRopeScaling, Llama3RopeScaling
 
 
 def gemma_windows(family: str, num_layers: int, window: int, pattern: int | None = None):
-    """Per-layer windows of HF's default `layer_types`: local unless (i + 1) % pattern == 0."""
-    pattern = pattern or GEMMA_PATTERN[family]
+    """Per-layer windows of HF's default `layer_types`: local unless (i + 1) % pattern == 0
+    (the family row's `layer_pattern` unless given)."""
+    pattern = pattern or FAMILIES[family].layer_pattern
     return tuple(None if (i + 1) % pattern == 0 else window for i in range(num_layers))
 
 
@@ -78,7 +57,7 @@ class ModelConfig:
     def __post_init__(self):
         problems = []
         if self.family not in FAMILIES:
-            problems.append(f"family={self.family!r} is not one of {FAMILIES}")
+            problems.append(f"family={self.family!r} is not one of {tuple(FAMILIES)}")
         if self.num_heads % max(self.num_kv_heads, 1):
             problems.append(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
@@ -119,9 +98,14 @@ class ModelConfig:
         return jnp.dtype(self.dtype)
 
     @property
+    def row(self) -> Family:
+        """This family's row of ada.models.families.FAMILIES."""
+        return FAMILIES[self.family]
+
+    @property
     def gemma(self) -> bool:
         """Gemma's block: (1 + w) norms, sandwich norms, GeGLU, scaled embeddings."""
-        return self.family in GEMMA_FAMILIES
+        return self.row.gemma
 
     @property
     def layer_windows(self) -> tuple[int | None, ...]:

@@ -62,6 +62,7 @@ def model_info(config) -> dict:
         tied_embeddings=config.tie_embeddings,
         rope_theta=config.rope_theta,
         rope_scaling=config.rope_scaling.rope_type if config.rope_scaling else None,
+        chat_templates=", ".join(config.row.chat_templates),  # for tokenizer.template
     )
 
 
@@ -89,7 +90,7 @@ def format_info(info: dict) -> str:
     lines = [f"{'path':<18} {info['path']}"]
     order = ("method", "step", "checkpoint", "family", "architecture", "model_type", "num_parameters", "dtype", "num_layers",
              "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
-             "vocab_size", "tied_embeddings", "rope_theta", "rope_scaling", "num_tensors",
+             "vocab_size", "tied_embeddings", "rope_theta", "rope_scaling", "chat_templates", "num_tensors",
              "num_shards", "size_bytes", "loadable", "problem", "hf")
     for key in order:
         if key not in info:

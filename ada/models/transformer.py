@@ -2,7 +2,7 @@
 
 Pure functions over a parameter pytree; the config (ada/models/model_config.py) is a frozen
 (hashable) dataclass so it can be a static argument of `jax.jit`. The families differ only
-in a few switches:
+in a few switches (each family's are its row of ada/models/families.py):
 
   family   q/k/v bias  q/k RMSNorm  head_dim        RoPE scaling        attention
   qwen2    yes         no           hidden / heads  none                global

@@ -29,7 +29,7 @@ from ada.run.policy import (
     load_tokenizer_for,
     model_config_for,
 )
-from ada.sampling.backends import make_engine
+from ada.sampling.backends import eval_sampling, make_engine
 from ada.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def build(config) -> Setup:
     mesh = train_mesh(c)  # a bad split of the devices fails before the warm start
     params, warm_info = initial_params(c, model_cfg, tokenizer, task, train_records, mesh)
     base = base_ref(c, model_cfg, params, warm_info)
-    s, e = c.sampling, c.eval
+    s = c.sampling
     collect = collect_config(c)
 
     def rollout(temperature, max_new_tokens):
@@ -93,13 +93,11 @@ def build(config) -> Setup:
     if tuple(c.data.pass_rate_range) != (0.0, 1.0):
         train_records = filter_by_pass_rate(c, train_records, params, model_cfg, train_rollout,
                                             warm_info)
-    eval_new = e.max_new_tokens or s.max_new_tokens
-    same = e.temperature == s.temperature and eval_new == s.max_new_tokens
+    own = eval_sampling(c)
     fns = make_train_fns(model_cfg, train_config(c), mesh)
     return Setup(c, task, tokenizer, model_cfg, params, warm_info, base, train_records,
-                 eval_records,
-                 len(too_long), mesh, fns, train_rollout,
-                 train_rollout if same else rollout(e.temperature, eval_new))
+                 eval_records, len(too_long), mesh, fns, train_rollout,
+                 train_rollout if own is None else rollout(**own))
 
 
 def prompts_and_layout(c, s: Setup) -> tuple[PromptIterator, BatchLayout]:

@@ -4,13 +4,15 @@
 A row says which engine class the Driver runs (both keep the contract of
 `sampling/contract.py`), what the checks are that need the sampler's devices and the model
 (the knobs alone are checked by `paged_config.kv_cache_problems`, which `ada.config.validate`
-calls), and the engine's own knobs. Adding a backend is one row here, its name in
-`paged_config.KV_CACHES` (tests/test_backends.py holds the two together) and its
-engine class.
+calls), the engine's own knobs, and the planner's hooks: the knobs `ada.plan` sets when it
+plans the backend beside the run's (`plan_variant`), and whether the cache's bytes follow the
+slots. Adding a backend is one row here, its name in `paged_config.KV_CACHES`
+(tests/test_backends.py holds the two together) and its engine class.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 
@@ -30,6 +32,10 @@ class Backend:
     knobs: Callable  # sampling section -> the engine's own keyword arguments
     check: Callable = lambda s, platform, model_cfg: None  # -> one line, or None: fits
     error: str = ""  # the user's line for a ValueError of the engine ({e}: its text); "": raise
+    plan_knobs: Callable = lambda s: {}  # the sampling knobs ada.plan plans this backend at
+    # The cache's bytes follow the slots, so cohorts in flight, which keep it through the
+    # update, cap the slots (memory.update_slots); False: a pool's bytes are its pages'.
+    slot_bound: bool = True
 
 
 BACKENDS: dict[str, Backend] = {
@@ -41,8 +47,30 @@ BACKENDS: dict[str, Backend] = {
                                                                    model_cfg),
                      # the pool's size (eval.max_new_tokens may exceed sampling's)
                      "sampling.num_pages: {e}; raise --config.sampling.num_pages (0 = every "
-                     "slot's worst case)"),
+                     "slot's worst case)",
+                     plan_knobs=lambda s: {"num_pages": 0},  # every slot's worst case
+                     slot_bound=False),
 }
+
+
+def plan_variant(config, kv_cache: str):
+    """A copy of `config` sampling with `kv_cache` at the knobs its row plans it at: the
+    planner compiles the dense programs and plans the paged pool beside them."""
+    config = copy.deepcopy(config)
+    config.sampling.kv_cache = kv_cache
+    config.sampling.update(BACKENDS[kv_cache].plan_knobs(config.sampling))
+    return config
+
+
+def eval_sampling(config) -> dict | None:
+    """The temperature and length of the eval engine, or None where eval samples through the
+    training engine (same temperature and length): eval builds its own engine only then
+    (ada.run.build, and the memory ledger that counts what it builds)."""
+    s, e = config.sampling, config.eval
+    new = e.max_new_tokens or s.max_new_tokens
+    if e.temperature == s.temperature and new == s.max_new_tokens:
+        return None
+    return dict(temperature=e.temperature, max_new_tokens=new)
 
 
 def make_engine(config, model_cfg, tokenizer, mesh=None, *, temperature: float | None = None,
