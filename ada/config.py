@@ -38,6 +38,7 @@ from typing import Any
 import ml_collections
 
 from ada import methods, paths
+from ada.adaptive.allocation import AllocConfig
 from ada.adaptive.collect import CollectConfig
 from ada.data.sources import BAD_ROW_POLICIES
 from ada.errors import ConfigError, fail  # noqa: F401 (fail: for the commands)
@@ -308,12 +309,6 @@ def load_sweep(path: str) -> tuple[str, list[dict[str, Any]]]:
     return module.BASE, runs
 
 
-def sweep_name(overrides: dict[str, Any]) -> str:
-    """A directory-safe name for one sweep point ('method=grpo,seed=1')."""
-    text = ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()) or "base"
-    return "".join(c if c.isalnum() or c in "=,._-" else "_" for c in text)
-
-
 # ----------------------------------------------------------------------------- validation
 
 
@@ -379,14 +374,17 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
             check_wandb()
         except TrackingError as e:
             need(False, str(e))
-    if method in METHODS:  # the method sets the rounds (grpo: one round of n)
-        build("adaptive", CollectConfig, lambda: collect_config(config))
+    t, d, a = config.train, config.data, config.adaptive
+    if method in METHODS and build("adaptive", CollectConfig, lambda: collect_config(config)):
+        # the method sets the rounds (grpo: one round of n), then the budget split
+        alloc = build("adaptive", AllocConfig, lambda: alloc_config(config))
+        problems += methods.allocation_problems(method, a.allocation, a.half_life, alloc,
+                                                a.budget, d.prompts_per_step)
     build("loss", LossConfig, lambda: LossConfig(**config.loss))
     build("optim", OptimConfig, lambda: OptimConfig(**config.optim))
     build("model.lora", LoraConfig, lambda: LoraConfig(**_fields(config.model.lora, LoraConfig)))
     build("sampling", SamplingConfig,
           lambda: SamplingConfig(**_fields(config.sampling, SamplingConfig)))
-    t, d, a = config.train, config.data, config.adaptive
     if build("train", TrainConfig, lambda: TrainConfig(**_fields(t, TrainConfig))):
         problem = split_problem(d.prompts_per_step, a.n, t.mini_batches, t.micro_batches)
         need(problem is None, f"train.{problem}")
@@ -486,6 +484,12 @@ def train_config(config: ml_collections.ConfigDict) -> TrainConfig:
                        **_fields(config.train, TrainConfig), remat=config.model.remat,
                        temperature=config.sampling.temperature or 1.0,
                        lora=LoraConfig(**_fields(config.model.lora, LoraConfig), seed=config.seed))
+
+
+def alloc_config(config: ml_collections.ConfigDict) -> AllocConfig:
+    """The budget split of a run: the adaptive section's knobs (`methods.alloc_config`)."""
+    return methods.alloc_config(config.method, config.data.prompts_per_step,
+                                collect_config(config), **_fields(config.adaptive, AllocConfig))
 
 
 def collect_config(config: ml_collections.ConfigDict) -> CollectConfig:

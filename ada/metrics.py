@@ -295,6 +295,11 @@ ONE_ROUND = {
     "grpo": {"reward_mean": "mean reward of the n responses drawn per prompt"},
     "dapo": {"reward_mean": "mean reward of the kept groups (uniform groups dropped and "
                             "replaced by new prompts)"},
+    "grpo_knapsack": {  # each prompt draws its cap at once (ada/run/allocator.py), n kept
+        "reward_mean": "mean reward of the n kept of each prompt's capped draws",
+        "reward_round0_mean": "policy accuracy on the batch (its capped, not n draws per prompt)",
+        "lacking_pos_share_round0": "share of prompts with fewer than n/2 correct of their draws",
+        "lacking_neg_share_round0": "share of prompts with fewer than n/2 wrong of their draws"},
 }
 _ONE_ROUND_TITLES = {
     "reward_round0_mean": "policy accuracy on the batch (its n draws per prompt)",

@@ -34,6 +34,10 @@ cohort t + 1 onwards again and samples it with version t (fresher than the kille
 would have: the bound holds, no prompt is lost, no sample trained twice). With k = 0
 nothing is in flight at a checkpoint, and a resumed run equals an uninterrupted one.
 
+A budget split (adaptive.allocation; ada/run/allocator.py) draws a cohort's prompts and caps
+at its admission from the success memory as of step t - 1 - k, the version admission waits
+for, so its caps do not depend on the threads' timing; the collection then runs inside them.
+
 Where it runs (rl.sampler_devices):
   colocated (0)     sampler and trainer take turns on the same devices: `next_batch` samples
                     in the caller's thread until the batch is complete; the gain is the
@@ -81,6 +85,7 @@ class _Cohort:
     prompts: list
     data_state: dict  # the iterator's state before it was drawn
     steps: Generator  # its collection (the STEP protocol, ada/adaptive/collect.py)
+    allocation: dict | None = None  # its budget split's record (ada/run/allocator.py)
     keep: frozenset = frozenset()  # its prompts whose prefill the driver should keep
     got: list = dataclasses.field(default_factory=list)  # its completions of this chunk
     result: Collected | None = None
@@ -121,13 +126,16 @@ class Stream:
     version of `params` (train steps applied); the next batch handed out is for step
     version + 1. `max_staleness`: k. `last_step`: no cohort past it is drawn.
     `threaded`: the sampler runs on its own thread (disaggregated) until `close`.
+    `allocator`: each cohort's prompts and per-prompt caps (ada/run/allocator.py; None: the
+    iterator's next batch, every prompt M x N).
     `driver`: the one to sample on (default: a Driver over `rollout.engine` and `params`;
     experiments/stream_sim.py passes the simulator's)."""
 
     def __init__(self, rollout: Rollout, params, iterator: Iterator, base_key, *,
                  max_staleness: int, version: int, last_step: int, threaded: bool = False,
-                 driver=None):
+                 driver=None, allocator=None):
         self.rollout, self.iterator, self.base_key = rollout, iterator, base_key
+        self.allocator = allocator
         self.k, self.version, self.last_step = int(max_staleness), int(version), int(last_step)
         mesh = rollout.engine.mesh if driver is None else None
         self.device = jax.local_devices()[0] if mesh is None else mesh.devices.flat[0]
@@ -180,6 +188,8 @@ class Stream:
                 slot_occupancy=done["useful_token_steps"] / max(done["computed_token_steps"], 1),
                 carried_tokens=done["carried_tokens"])
             self._since, self._idle, self._counters = now, 0.0, counters
+            if head.allocation is not None:
+                metrics["allocation"] = head.allocation
         head.result.metrics.update(prefilled_prompts=done["prefilled_prompts"],
                                    prefilled_tokens=done["prefilled_tokens"],
                                    page_copies=done["page_copies"])
@@ -322,15 +332,19 @@ class Stream:
                and self.next_step - 1 - self.k <= self.driver.version):
             step = self.next_step
             state = self.iterator.get_state()
-            prompts = next(self.iterator)
+            caps = record = None
+            if self.allocator is None:
+                prompts = next(self.iterator)
+            else:
+                prompts, caps, record = self.allocator.draw(step)
             key = jax.random.fold_in(self.base_key, step)
             rollout = self.rollout
             collector = rollout.collector(_View(self, step),
                                           step_key=jax.random.key_data(jax.random.fold_in(key, 0)))
             more = (itertools.chain.from_iterable(self.iterator)
                     if rollout.collect_cfg.dynamic_sampling else None)
-            cohort = _Cohort(step, prompts, state,
-                             collector.collect_steps(prompts, jax.random.fold_in(key, 1), more))
+            cohort = _Cohort(step, prompts, state, collector.collect_steps(
+                prompts, jax.random.fold_in(key, 1), more, caps), allocation=record)
             self.cohorts.append(cohort)
             self.next_step += 1
             self._resume(cohort, None)

@@ -79,6 +79,17 @@ def base() -> ml_collections.ConfigDict:
     # Divide the advantage by the std: None = the method's own (grpo, dapo: yes; ada: no).
     c.adaptive.normalize_std = None
     c.adaptive.dapo_max_batches = 4  # dapo: how many extra prompt batches it may draw
+    # A step's samples split across its prompts (ada/adaptive/allocation.py, ada/run/allocator.py):
+    # none = every prompt may draw M x N (today's collection, bit for bit). The budget is in
+    # samples, not tokens: the exit rules and the kept group are counted in samples, a
+    # response's length is unknown before it is drawn, and GRPO's n x prompts_per_step is then
+    # "equal samples" by default. Method rows *_knapsack set knapsack themselves.
+    c.adaptive.allocation = "none"  # none | knapsack | variance
+    c.adaptive.budget = 0  # samples per step over all prompts; 0 = n x data.prompts_per_step
+    c.adaptive.half_life = 40.0  # steps until a success record counts half (40: the simulator's plateau)
+    c.adaptive.floor = 2  # fewest samples a kept prompt may draw under an allocation
+    c.adaptive.explore = 0.1  # share of the budget above the floors spread evenly
+    c.adaptive.skip_above = 0.5  # skip a prompt whose own P(no signal at M x N) exceeds it; 1 never
 
     c.sampling = ml_collections.ConfigDict()
     c.sampling.temperature = 1.0  # 0 = greedy; training log-probs use the same temperature

@@ -55,6 +55,9 @@ VARIANTS = {
     "dapo": ("dapo", []),
     "ada_pos": ("ada_pos", []),
     "ada_balance": ("ada_balance", []),
+    # issue 44: the step's budget (n x prompts: GRPO's samples) split by Knapsack RL's value
+    "ada_knapsack": ("ada_knapsack", []),
+    "grpo_knapsack": ("grpo_knapsack", []),
 }
 # The budget sweep (--sweep mixes): Ada-balance at N rounds x M per round beside the
 # default 4 x 8 (ada_balance), and with the continuous scheduler.
@@ -68,7 +71,9 @@ COMPARED = tuple(VARIANTS)
 # against each other; on each axis a variant is compared at.
 PAIRS = (("ada_balance", "grpo"), ("ada_balance", "grpo_matched"), ("ada_balance", "dapo"),
          ("ada_balance", "ada_pos"), ("ada_pos", "grpo"), ("ada_pos", "grpo_matched"),
-         ("ada_pos", "dapo"), ("ada_balance_continuous", "ada_balance"))
+         ("ada_pos", "dapo"), ("ada_balance_continuous", "ada_balance"),
+         ("ada_knapsack", "grpo"), ("ada_knapsack", "grpo_matched"),
+         ("ada_knapsack", "ada_balance"), ("grpo_knapsack", "grpo"))
 AXES = ("equal_steps", "equal_samples", "equal_seconds")
 SWEPT = ("ada_balance", "ada_balance_8x8", "ada_balance_4x16", "ada_balance_continuous")
 # Prompt sets: (pass-rate range of the starting policy over 16 draws, config overrides).
@@ -331,7 +336,7 @@ def plot(runs: dict, variants, panels, path: str, title: str) -> None:
     fig, axes = plt.subplots(-(-len(panels) // cols), cols, figsize=(6 * cols, 3.6 * len(panels) / cols))
     for ax, (key, x, name) in zip(axes.flat, panels, strict=True):
         for v in variants:
-            curves = [series(rows, key, x=x) for rows, _ in runs[v]]
+            curves = [series(rows, key, x=x) for rows, _ in runs.get(v, [])]
             curves = [c for c in curves if len(c[0])]
             if not curves:
                 continue

@@ -312,7 +312,9 @@ def test_sections_build_their_dataclasses_field_for_field():
     name per knob); train holds TrainConfig's epochs / mini_batches / micro_batches."""
     import dataclasses
 
+    from ada.adaptive.allocation import AllocConfig
     from ada.adaptive.collect import CollectConfig
+    from ada.adaptive.success import HALF_LIFE
     from ada.knobs import base_config
     from ada.rl.losses import LossConfig
     from ada.rl.optimizer import OptimConfig
@@ -322,11 +324,15 @@ def test_sections_build_their_dataclasses_field_for_field():
     names = lambda cls: {f.name for f in dataclasses.fields(cls)}
     assert set(cfg.loss) == names(LossConfig)
     assert set(cfg.optim) == names(OptimConfig) - {"b1", "b2", "eps"}
-    assert set(cfg.adaptive) - {"normalize_std"} <= names(CollectConfig)
+    # the budget split's knobs build AllocConfig; half_life is the success memory's
+    assert set(cfg.adaptive) - {"normalize_std", "half_life"} <= (names(CollectConfig)
+                                                                  | names(AllocConfig))
+    assert cfg.adaptive.half_life == HALF_LIFE
     assert {"epochs", "mini_batches", "micro_batches"} <= set(cfg.train) & names(TrainConfig)
     # one default per knob: the dataclasses' own defaults are base()'s
     for section, obj in (("loss", LossConfig()), ("optim", OptimConfig()),
-                         ("adaptive", CollectConfig()), ("train", TrainConfig())):
+                         ("adaptive", CollectConfig()), ("adaptive", AllocConfig()),
+                         ("train", TrainConfig())):
         for k, v in cfg[section].items():
-            if hasattr(obj, k):
+            if k in names(type(obj)):  # (CollectConfig.budget, a property, is M x N)
                 assert getattr(obj, k) == v, f"{section}.{k}"

@@ -77,15 +77,20 @@ def _env(devices, **extra):
 
 
 def test_two_processes_match_one(tmp_path):
+    """Under a budget split too (knapsack at a budget of M x N per prompt: the collection
+    of no caps): the processes gather every draw into one success memory, so the split's
+    predictions are the one process's (a memory of a process's own draws alone gives
+    another predicted_signal_share at step 2)."""
     data, cache = _data(tmp_path), str(tmp_path / "cache")
     single = str(tmp_path / "single")
-    r = subprocess.run(_cmd(data, single, cache), env=_env(2), capture_output=True, text=True,
-                       timeout=300)
+    split = {"adaptive.allocation": "knapsack", "adaptive.budget": 32}
+    r = subprocess.run(_cmd(data, single, cache, **split), env=_env(2), capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
     multi = str(tmp_path / "multi")
     port = _free_port()
-    procs = [subprocess.Popen(_cmd(data, multi, cache, **{"sampling.mesh": "(4,1)"}),
+    procs = [subprocess.Popen(_cmd(data, multi, cache, **{"sampling.mesh": "(4,1)"}, **split),
                               env=_env(4, ADA_COORDINATOR=f"localhost:{port}", ADA_NUM_PROCESSES="2",
                                        ADA_PROCESS_ID=str(i)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -110,7 +115,8 @@ def test_two_processes_match_one(tmp_path):
     for a, b in zip(rows_s[1:], rows_m[1:], strict=False):
         for k in ("reward_round0_mean", "reward_mean", "response_tokens_mean",
                   "zero_variance_share", "samples_per_prompt", "samples",
-                  "active_prompts_per_round", "exited_share"):
+                  "active_prompts_per_round", "exited_share", "budget_used", "cap_max",
+                  "predicted_signal_share"):
             assert a[k] == b[k], (k, a[k], b[k])
         for k in ("loss", "grad_norm"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k

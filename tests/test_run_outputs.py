@@ -26,7 +26,7 @@ TINY = {
     "adaptive.samples_per_round": 4, "adaptive.max_rounds": 2, "sampling.num_slots": 16,
     "sampling.max_new_tokens": 6, "train.steps": STEPS, "eval.every": 2, "eval.samples": 2,
     "eval.pass_k": "(1,2)", "checkpoint.every": 2, "warmstart.enabled": "false",
-    "rl.max_staleness": 1, "loss.kl_coef": 0.01,
+    "rl.max_staleness": 1, "loss.kl_coef": 0.01, "adaptive.allocation": "knapsack",
     "log.progress": "false", "log.every": 2, "log.tensorboard": "false", "log.plots": "false",
 }
 
@@ -58,7 +58,7 @@ def doc_name(key: str) -> str:
 def test_metrics_doc_lists_exactly_the_keys_a_run_writes(run):
     """Breaking it: a new key in a metrics row without a docs/metrics.md line, or a line for
     a key no longer written (the tiny run writes every conditional key: a stream, a KL term,
-    update diagnostics, evals on a task with difficulty levels)."""
+    a budget split, update diagnostics, evals on a task with difficulty levels)."""
     written = {doc_name(k) for r in read_jsonl(os.path.join(run[0], "metrics.jsonl")) for k in r}
     written.discard("step")
     assert written - documented_keys() == set(), "keys missing from docs/metrics.md"

@@ -74,7 +74,7 @@ class Allocation:
     def metrics(self) -> dict:
         kept = self.caps[~self.skipped]
         return dict(budget_used=int(self.caps.sum()), skipped_prompts=int(self.skipped.sum()),
-                    cap_min=int(kept.min(initial=0)), cap_max=int(kept.max(initial=0)),
+                    cap_min=int(kept.min()) if kept.size else 0, cap_max=int(kept.max(initial=0)),
                     cap_std=float(kept.std()) if kept.size else 0.0,
                     predicted_signal_share=float(self.predicted_signal.mean()))
 

@@ -193,6 +193,12 @@ def remove_if_empty(workdir: str) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def sweep_name(overrides: dict) -> str:
+    """A directory-safe name for one sweep point ('method=grpo,seed=1')."""
+    text = ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items()) or "base"
+    return "".join(c if c.isalnum() or c in "=,._-" else "_" for c in text)
+
+
 def sweep_commands(spec: str, workdir: str | None, overrides) -> list[list[str]]:
     """One `python -m ada.runner` per point of sweep file `spec`, each validated."""
     from ada import config as cfglib
@@ -203,7 +209,7 @@ def sweep_commands(spec: str, workdir: str | None, overrides) -> list[list[str]]
     base, runs = cfglib.load_sweep(spec)
     cmds = []
     for r in runs:
-        wd = os.path.join(workdir, cfglib.sweep_name(r))
+        wd = os.path.join(workdir, sweep_name(r))
         point = [*cfglib.parse_override_args(cfglib.overrides_to_args(r))[0], *overrides]
         cfglib.validate(cfglib.build_config(base, point), wd)
         cmds.append(run_command(base, point, wd))

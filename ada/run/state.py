@@ -4,8 +4,11 @@ A run resumes exactly (the same parameters and metrics as an uninterrupted run) 
 train state (params, optimizer state, update counters), the base key every random draw of
 step t derives from (`fold_in(key, t)`), the data position after the batches trained so far
 (the stream's: batches in flight are drawn again), the run's counters and the non-finite
-guard. A checkpoint holds exactly this: its arrays as one orbax tree, the rest as its JSON
-meta, in the format runs have always been saved in (`state_tree`), so older runs resume.
+guard, and under a budget split (adaptive.allocation) the per-prompt success memory. A
+checkpoint holds exactly this: its arrays as one orbax tree, the rest as its JSON meta, in
+the format runs have always been saved in (`state_tree`), so older runs resume. The memory
+rides in the meta (`memory_json`: the prompts it has seen, float64 exactly as JSON writes
+a float), so a run without it saves what it always saved.
 
 Under LoRA the frozen base is not saved: the params tree holds the adapters alone (a few MB,
 not the model), and the meta names the base (`base`: its path and content hash,
@@ -21,12 +24,34 @@ from typing import Any
 import jax
 import numpy as np
 
+from ada.adaptive import success
+from ada.adaptive.success import SuccessMemory
 from ada.checkpoint import Checkpointer
 from ada.errors import ConfigError
 from ada.models import lora
 from ada.rl.train import TrainState
 
 TRAIN_FIELDS = ("params", "opt_state", "step", "updates", "skipped")
+
+
+def memory_json(mem: SuccessMemory | None) -> dict | None:
+    """The memory as JSON: only the prompts with a record (every float round-trips exactly)."""
+    if mem is None:
+        return None
+    seen = np.flatnonzero((mem.pos > 0) | (mem.neg > 0) | (mem.last > 0))
+    return {"size": int(mem.pos.size), "ids": seen.tolist(), "pos": mem.pos[seen].tolist(),
+            "neg": mem.neg[seen].tolist(), "last": mem.last[seen].tolist(),
+            "pop": mem.pop.tolist(), "pop_last": int(mem.pop_last)}
+
+
+def memory_from_json(saved: dict | None, template: SuccessMemory | None) -> SuccessMemory | None:
+    """`memory_json`'s memory; the template when the checkpoint has none (or needs none)."""
+    if saved is None or template is None:
+        return template
+    mem, ids = success.init(int(saved["size"])), np.asarray(saved["ids"], np.int64)
+    mem.pos[ids], mem.neg[ids], mem.last[ids] = saved["pos"], saved["neg"], saved["last"]
+    return mem.replace(pop=np.asarray(saved["pop"], np.float64),
+                       pop_last=np.asarray(saved["pop_last"], np.int64))
 
 
 def state_tree(state: TrainState, rng_data) -> dict:
@@ -49,13 +74,17 @@ class RunState:
         default_factory=lambda: {"skipped_steps": 0, "skipped_in_row": 0})
     seconds: float = 0.0  # training seconds of the run's earlier segments and this one
     base: dict | None = None  # LoRA: the frozen base's {"path", "hash"} (not checkpointed)
+    memory: SuccessMemory | None = None  # per-prompt success (None: no budget split)
 
     def save(self, ckpt: Checkpointer, method: str) -> None:
         """Start writing this state as checkpoint `step` (Checkpointer.save: async)."""
         meta = {"data": self.data, "sampler": self.counters, "method": method,
                 "guard": self.guard, "seconds": self.seconds}
-        ckpt.save(self.step, state_tree(self.train, jax.random.key_data(self.key)),
-                  meta if self.base is None else dict(meta, base=self.base))
+        if self.memory is not None:
+            meta["success_memory"] = memory_json(self.memory)
+        if self.base is not None:
+            meta["base"] = self.base
+        ckpt.save(self.step, state_tree(self.train, jax.random.key_data(self.key)), meta)
 
     def restore(self, ckpt: Checkpointer) -> RunState:
         """The latest checkpoint's state, its arrays placed as this state's (the template;
@@ -68,7 +97,7 @@ class RunState:
                         jax.random.wrap_key_data(np.asarray(tree["rng"])), step, meta["data"],
                         meta.get("sampler", self.counters), meta.get("guard", self.guard),
                         meta.get("seconds", self.seconds),  # 0: saved before it was kept
-                        self.base)
+                        self.base, memory_from_json(meta.get("success_memory"), self.memory))
 
 
 def check_base(meta: dict, base: dict | None, directory) -> None:

@@ -11,7 +11,10 @@ by the guard; `optim.max_skipped_in_row` of them in a row stop the run (`check_g
 
 Batches come from the stream (ada/stream.py): at rl.max_staleness = 0 each step's batch is
 sampled by the weights of the step before, exactly as `ada.step.rl_step` would; above 0 the
-next steps' prompts sample while a step drains, at most k versions behind.
+next steps' prompts sample while a step drains, at most k versions behind. Under a budget
+split (adaptive.allocation != none) each step's draws update the state's success memory,
+gathered from every process, before the new weights reach the sampler, and the allocator
+(ada/run/allocator.py) reads it for the cohorts those weights admit.
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ada import distributed
+from ada.adaptive import success
+from ada.config import alloc_config
 from ada.errors import ConfigError
 from ada.evaluation import evaluate_policy
 from ada.rl.optimizer import all_finite
 from ada.run import folder
+from ada.run.allocator import Allocator, allocation_metrics, remember
 from ada.run.build import Setup, prompts_and_layout
 from ada.run.state import RunState
 from ada.step import update_step
@@ -55,7 +61,11 @@ class Trainer:
         self.ref_params = (jax.tree.map(jnp.copy, train.params)
                            if setup.fns.config.reference_copy else None)
         self.ckpt = folder.checkpoints(workdir, c.checkpoint.keep)
-        self.state = RunState(train, jax.random.key(c.seed), base=setup.base)
+        self.alloc = alloc_config(c)
+        memory = (success.init(len(self.iterator.records))
+                  if self.alloc.allocation != "none" else None)
+        self.state = RunState(train, jax.random.key(c.seed), base=setup.base, memory=memory)
+        self.allocator: Allocator | None = None
         self.saved: int | None = None  # the latest step saved (its write may be in flight)
         self.stream: Stream | None = None
         self._finite = None  # (step, its all-finite flag on the device), not yet read
@@ -78,9 +88,13 @@ class Trainer:
             self.iterator.set_state(self.state.data)
             self.saved = self.state.step
         c, st = self.config, self.state
+        if st.memory is not None:
+            self.allocator = Allocator(self.alloc, self.iterator, st.memory, st.step,
+                                       c.rl.max_staleness, c.adaptive.half_life)
         self.stream = Stream(self.setup.rollout, st.train.params, self.iterator, st.key,
                              max_staleness=c.rl.max_staleness, version=st.step,
-                             last_step=c.train.steps, threaded=c.rl.sampler_devices > 0)
+                             last_step=c.train.steps, threaded=c.rl.sampler_devices > 0,
+                             allocator=self.allocator)
         self.observe("init", st.step, self.stream)
         return resumed
 
@@ -95,6 +109,11 @@ class Trainer:
             self._clock = (t0, self.state.seconds)
         collected, streamed = stream.next_batch()
         self.observe("collect", step, stream)
+        record = streamed.pop("allocation", None)
+        if record is not None:  # before the new weights admit the cohorts that read it
+            self.state = dataclasses.replace(self.state, memory=remember(
+                self.state.memory, record["ids"], collected.pool, step, c.adaptive.half_life))
+            self.allocator.publish(step, self.state.memory)
         t1 = time.perf_counter()
         train, m = update_step(self.state.train, collected, fns=self.setup.fns, method=c.method,
                                layout=self.layout, normalize_std=c.adaptive.normalize_std,
@@ -110,6 +129,8 @@ class Trainer:
         counters = {"samples_total": int(st.counters["samples_total"] + m["samples"]),
                     "prompts_total": int(st.counters["prompts_total"] + c.data.prompts_per_step)}
         m["samples_total"] = counters["samples_total"]
+        if record is not None:
+            m.update(allocation_metrics(record, m["zero_variance_share"]))
         skipped = bool(m.get("skipped", 0) > 0)
         guard = {"skipped_steps": st.guard["skipped_steps"] + skipped,
                  "skipped_in_row": st.guard["skipped_in_row"] + 1 if skipped else 0}
