@@ -238,6 +238,19 @@ def test_tpu_plan_compiles_every_phase(capsys, tmp_path):
     assert e["decode_tokens_per_s_per_chip_with_ici"] <= e["decode_tokens_per_s_per_chip"]
 
 
+def test_a_one_chip_slice_samples_with_the_tpus_choices():
+    """v5e:1x1: a sampler on one TPU chip gets the TPU's backend choices and an unsplit
+    vocabulary. Broke with StopIteration (the CPU check used up the mesh's one device)."""
+    from ada.sampling.engine import backend_choices, sampler_layout
+
+    try:
+        devices, _ = tpu.tpu_devices("v5e:1x1")
+    except tpu.LibtpuUnavailable as e:
+        pytest.skip(str(e))
+    mesh = shd.make_mesh((1, 1, 1), devices)
+    assert sampler_layout(CFG, 8, mesh) == (backend_choices("tpu"), 1)
+
+
 def test_collectives_count_what_each_chip_sends():
     """Ring algorithms over a group of n: an all-reduce sends 2 (n-1)/n of its bytes, an
     all-gather (n-1)/n of its result (an asynchronous one counted once, at its start), a
