@@ -39,6 +39,7 @@ from ada.models.paged_attention import page_bytes
 from ada.rl import train as rl
 from ada.roofline import device_bytes
 from ada.sampling.backends import make_engine
+from ada.stream import nbytes
 
 PREFIX_CACHE_SIZE = 64  # the Driver's prefix_cache_size: prefill rows (dense) kept between rounds
 PHASES = ("init", "prefill", "generate", "update", "handoff", "eval", "save")
@@ -218,7 +219,6 @@ def lora_figures(model_cfg, train_cfg, engine) -> dict:
     trained leaves, what a hand-off to a sampler on devices of its own moves per update:
     ada/stream.py), the frozen base the train state holds, and the sampler's merged weights
     (what a full run's hand-off moves). A colocated hand-off merges in place."""
-    nbytes = lambda tree: int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
     params = rl.abstract_state(model_cfg, train_cfg).params
     adapters, rest = lora.split(params)
     c = train_cfg.lora

@@ -389,7 +389,6 @@ class Stream:
                                           "carried_tokens")}
 
 
-
 def place(tree, mesh, device):
     """`tree` on the sampler's devices (`mesh`, else `device`) by ada/sharding.py's rules."""
     if mesh is None:
@@ -402,10 +401,11 @@ def handoff(params, frozen, mesh, device) -> tuple:
     (disaggregated LoRA: the base already on the sampler's devices) only the adapters cross,
     joined there with it (module doc: where it runs); else `params` as they are."""
     if frozen is None:
-        return params, _nbytes(params)
+        return params, nbytes(params)
     adapters = lora.split(params)[0]
-    return lora.join(place(adapters, mesh, device), frozen), _nbytes(adapters)
+    return lora.join(place(adapters, mesh, device), frozen), nbytes(adapters)
 
 
-def _nbytes(tree) -> int:
+def nbytes(tree) -> int:
+    """Bytes of the arrays (or shapes) of `tree`, whole (not per chip)."""
     return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))

@@ -40,6 +40,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from ada import sharding as shd  # noqa: E402
 from ada import stream  # noqa: E402
+from ada.stream import nbytes  # noqa: E402
 from ada.models import init_params, lora, preset  # noqa: E402
 from ada.models.known import KNOWN, known  # noqa: E402
 from ada.models.lora import LoraConfig  # noqa: E402
@@ -60,10 +61,6 @@ def adapted(cfg, rank: int, params=None):
         return jax.eval_shape(lambda p: lora.attach(p, LoraConfig(rank=rank), cfg.compute_dtype),
                               params)
     return lora.attach(params, LoraConfig(rank=rank), cfg.compute_dtype)
-
-
-def nbytes(tree) -> int:
-    return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
 def median_ms(fn, params, repeats: int) -> float:
