@@ -25,7 +25,8 @@ The run's policy (ada/stream.py, `Driver.release`), colocated sampler:
   - the KL reference (loss.kl_coef > 0) is a second copy of the train params (none under
     LoRA: the reference is the frozen base the train params hold).
 With rl.sampler_devices = N the sampler's own chips hold its weights and decode state
-through every phase and the trainer's the train state; the ledger is the colocated one.
+through every phase and the trainer's the train state (under LoRA the sampler's also hold the
+frozen base its merges start from: ada/stream.py); the ledger is the colocated one.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from __future__ import annotations
 import jax
 
 from ada.config import train_config
+from ada.models import lora
 from ada.models.paged_attention import page_bytes
 from ada.rl import train as rl
 from ada.roofline import device_bytes
 from ada.sampling.backends import eval_sampling, make_engine
+from ada.stream import nbytes
 
 PREFIX_CACHE_SIZE = 64  # the Driver's prefix_cache_size: prefill rows (dense) kept between rounds
 PHASES = ("init", "prefill", "generate", "update", "handoff", "eval", "save")
@@ -207,3 +210,17 @@ def update_slots(slots: int, data: int, ph: dict, resident: dict, engine, hbm: f
     beside = (ph["train"]["peak_bytes"] + resident["reference_params"]
               + resident["sampler_weights"] + resident["prefix_caches"])
     return max(int((hbm - beside) / per_slot) // data * data, 0)
+
+
+def lora_figures(model_cfg, train_cfg, engine) -> dict:
+    """A LoRA run's figures (`lora` in ada.plan's JSON), whole-model bytes: the adapters (the
+    trained leaves, what a hand-off to a sampler on devices of its own moves per update:
+    ada/stream.py), the frozen base the train state holds, and the sampler's merged weights
+    (what a full run's hand-off moves). A colocated hand-off merges in place."""
+    params = rl.abstract_state(model_cfg, train_cfg).params
+    adapters, rest = lora.split(params)
+    c = train_cfg.lora
+    return dict(rank=c.rank, alpha=c.alpha, targets=list(c.targets),
+                adapter_bytes=nbytes(adapters), handoff_bytes_per_update=nbytes(adapters),
+                base_bytes=nbytes(rest),
+                full_handoff_bytes=nbytes(jax.eval_shape(engine._sampling_fn, params)))

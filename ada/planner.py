@@ -408,7 +408,7 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
                                          [:data * tensor])  # as ada.sharding.local_mesh
     sampling_mesh, tc = mesh_on(host), train_config(config)
     engine = make_engine(config, model_cfg, None, sampling_mesh)
-    stacked = rl.abstract_state(model_cfg, rl.TrainConfig()).params
+    stacked = rl.abstract_state(model_cfg, tc).params  # under LoRA: base + adapters, merged
     params = with_shardings(jax.eval_shape(engine._sampling_fn, stacked),
                             engine.param_shardings(stacked))
     sampler = memory.run_resident(run_config, model_cfg, train_mesh, sampling_mesh)
@@ -424,7 +424,8 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     p = dict(devices=n, hosts=n // len(first), chips_per_host=len(first), epochs=tc.epochs,
              train_mesh=dict(train_mesh.shape), sampling_mesh=dict(data=data, tensor=tensor),
              num_slots=engine.num_slots, max_num_slots=None, max_num_slots_method=None,
-             fits=None, phases={})
+             fits=None, phases={}, **({"lora": memory.lora_figures(model_cfg, tc, engine)}
+                                      if tc.lora.rank else {}))
     ph = p["phases"]
     log(f"the train step ({rows} x {seq} tokens)")
     ph["train"] = plan_train(model_cfg, tc, train_mesh, rows, seq, probe=bool(chip and train_estimate))

@@ -47,8 +47,13 @@ Where it runs (rl.sampler_devices):
                     but by the bound: it admits the next cohorts, and new weights (handed
                     across by `Engine.prepare_params`, device to device) take effect
                     between two chunks. Which version samples which token then depends on
-                    timing; at k = 0 it cannot (one cohort at a time).
+                    timing; at k = 0 it cannot (one cohort at a time). Under LoRA only the
+                    adapters cross: the frozen base is placed on the sampler's devices once,
+                    at start, and each update's adapters (a few MB) are merged into it
+                    there, W + scale * A @ B in the engine's jitted hand-off.
 The bound is checked against the version the driver holds, never the trainer's newer one.
+`handoff_bytes`: what the latest hand-off took from the trainer (the adapters under LoRA,
+disaggregated; else the train params, which a colocated hand-off reads in place).
 
 Memory (colocated; ada/memory.py is the ledger ada.plan reports and tests/test_memory.py holds
 to the live arrays): when a batch is handed out with no cohort left sampling (always at
@@ -74,7 +79,9 @@ from collections.abc import Generator, Iterator
 import jax
 import numpy as np
 
+from ada import sharding as shd
 from ada.adaptive.collect import Collected
+from ada.models import lora
 from ada.rollout import Rollout
 from ada.sampling.driver import Driver, Request
 
@@ -139,7 +146,13 @@ class Stream:
         self.k, self.version, self.last_step = int(max_staleness), int(version), int(last_step)
         mesh = rollout.engine.mesh if driver is None else None
         self.device = jax.local_devices()[0] if mesh is None else mesh.devices.flat[0]
+        self._mesh = mesh
+        # disaggregated LoRA: the frozen base on the sampler's devices, placed once
+        self._frozen = (place(lora.split(params)[1], mesh, self.device)
+                        if threaded and driver is None and lora.has_adapters(params) else None)
+        self.handoff_bytes = 0
         if driver is None:  # `driver`: another with the Driver's calls (the simulator's)
+            params = self._handoff(params)
             with jax.default_device(self.device):
                 driver = Driver(rollout.engine, params, tokenizer=rollout.tokenizer,
                                 version=self.version)
@@ -258,12 +271,16 @@ class Stream:
         self.version = int(version)
         with jax.default_device(self.device):
             if self._thread is None:
-                self.driver.set_params(params, self.version)
+                self.driver.set_params(self._handoff(params), self.version)
                 return
-            prepared = self.rollout.engine.prepare_params(params)
+            prepared = self.rollout.engine.prepare_params(self._handoff(params))
         with self._cv:
             self._new_params = (prepared, self.version)
             self._cv.notify_all()
+
+    def _handoff(self, params):
+        tree, self.handoff_bytes = handoff(params, self._frozen, self._mesh, self.device)
+        return tree
 
     def close(self) -> None:
         """Stop the sampler thread (threaded) and free the driver's chips: cohorts still in
@@ -384,3 +401,25 @@ class Stream:
         return {k: s.get(k, 0) for k in ("prefilled_prompts", "prefilled_tokens", "page_copies",
                                           "useful_token_steps", "computed_token_steps",
                                           "carried_tokens")}
+
+
+def place(tree, mesh, device):
+    """`tree` on the sampler's devices (`mesh`, else `device`) by ada/sharding.py's rules."""
+    if mesh is None:
+        return jax.device_put(tree, device)
+    return jax.device_put(tree, shd.param_shardings(tree, mesh))
+
+
+def handoff(params, frozen, mesh, device) -> tuple:
+    """(what the sampler's hand-off reads, the bytes it took from the trainer): with `frozen`
+    (disaggregated LoRA: the base already on the sampler's devices) only the adapters cross,
+    joined there with it (module doc: where it runs); else `params` as they are."""
+    if frozen is None:
+        return params, nbytes(params)
+    adapters = lora.split(params)[0]
+    return lora.join(place(adapters, mesh, device), frozen), nbytes(adapters)
+
+
+def nbytes(tree) -> int:
+    """Bytes of the arrays (or shapes) of `tree`, whole (not per chip)."""
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))

@@ -11,6 +11,13 @@ Then for the presets given with --time (allocated on this machine's default devi
 engine's jitted `sampling_params` (cast + decode form) with the merge W + scale * A @ B in
 it, against the same call on the base alone; the median of --repeats calls after a warm-up.
 
+And the hand-off to a sampler on a device of its own (rl.sampler_devices, ada/stream.py; a
+second fake CPU device here), per update, bytes crossing and the median time until the
+sampler holds its weights: `full` (a full run: the weights cast on the trainer's device,
+then moved), `lora_merged` (LoRA merged on the trainer's device, the merged weights moved:
+the path before adapters-only) and `lora_adapters` (what a run does now: the adapters moved,
+merged into the base the sampler's device holds since the start, `stream.handoff`).
+
   python benchmarks/lora_handoff.py [--models tiny,small,qwen2.5-math-1.5b,qwen2.5-math-7b]
         [--ranks 1,8,16,32] [--time tiny,small] [--repeats 20] [--json out.json]
 """
@@ -20,17 +27,26 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import time
 
-import jax
-import jax.numpy as jnp
+_FLAG = "--xla_force_host_platform_device_count=2"  # a device for the split sampler
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 
-from ada.models import init_params, lora, preset
-from ada.models.known import KNOWN, known
-from ada.models.lora import LoraConfig
-from ada.models.transformer import param_shapes
-from ada.sampling.engine import sampling_params
+import jax  # noqa: E402 - after the flag
+import jax.numpy as jnp  # noqa: E402
+
+from ada import sharding as shd  # noqa: E402
+from ada import stream  # noqa: E402
+from ada.stream import nbytes  # noqa: E402
+from ada.models import init_params, lora, preset  # noqa: E402
+from ada.models.known import KNOWN, known  # noqa: E402
+from ada.models.lora import LoraConfig  # noqa: E402
+from ada.models.transformer import param_shapes  # noqa: E402
+from ada.sampling.engine import Engine  # noqa: E402
+from ada.sampling.engine_base import sampling_params  # noqa: E402
 
 
 def model(name: str):
@@ -47,10 +63,6 @@ def adapted(cfg, rank: int, params=None):
     return lora.attach(params, LoraConfig(rank=rank), cfg.compute_dtype)
 
 
-def nbytes(tree) -> int:
-    return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
-
-
 def median_ms(fn, params, repeats: int) -> float:
     jax.block_until_ready(fn(params))
     times = []
@@ -59,6 +71,29 @@ def median_ms(fn, params, repeats: int) -> float:
         jax.block_until_ready(fn(params))
         times.append(time.perf_counter() - t)
     return 1e3 * statistics.median(times)
+
+
+def split_handoff(cfg, name: str, rank: int, repeats: int) -> dict:
+    """Bytes and median ms of one update's hand-off to a sampler on a device of its own."""
+    trainer, sampler = jax.devices()[:2]
+    engine = Engine(cfg, num_slots=1, max_prompt_len=16, max_new_tokens=1,
+                    mesh=shd.local_mesh(1, 1, [sampler]))
+    base = jax.device_put(init_params(cfg, jax.random.key(0)), trainer)
+    params = adapted(cfg, rank, base)
+    frozen = stream.place(lora.split(params)[1], engine.mesh, None)  # once, at the start
+    paths = {"full": (base, engine.prepare_params),
+             "lora_merged": (params, engine.prepare_params),
+             "lora_adapters": (params, lambda p: engine.prepare_params(
+                 stream.handoff(p, frozen, engine.mesh, None)[0]))}
+    merged = nbytes(jax.eval_shape(engine._sampling_fn, params))
+    crossing = {"full": merged, "lora_merged": merged,
+                "lora_adapters": stream.handoff(params, frozen, engine.mesh, None)[1]}
+    row = dict(model=name, rank=rank, split=True, platform=trainer.platform)
+    for path, (p, fn) in paths.items():
+        row[path + "_bytes"], row[path + "_ms"] = crossing[path], median_ms(fn, p, repeats)
+    print(f"{name:20s} rank {rank:3d}, sampler on its own device: " + ", ".join(
+        f"{k} {row[k + '_bytes'] / 2**20:.2f} MiB in {row[k + '_ms']:.2f} ms" for k in paths))
+    return row
 
 
 def main(argv=None) -> None:
@@ -89,6 +124,8 @@ def main(argv=None) -> None:
                          handoff_plain_ms=plain, platform=jax.devices()[0].platform))
         print(f"{name:20s} rank {max(ranks):3d}: hand-off with merge {merged:8.3f} ms, "
               f"without adapters {plain:8.3f} ms ({jax.devices()[0].platform})")
+    for name in filter(None, args.time.split(",")):
+        rows.append(split_handoff(model(name), name, max(ranks), args.repeats))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -140,6 +140,28 @@ def test_cpu_plan(capsys, tmp_path):
     assert f"peak: {mem['peak_phase']}" in out and "memory per chip, phase by phase" in out
 
 
+def test_cpu_plan_of_a_lora_run(capsys, tmp_path):
+    """model.lora.rank > 0: the plan has a full run's phases and fit fields, plus `lora`: the
+    adapters' bytes (what a hand-off to a sampler on its own devices moves per update) far
+    below the merged weights a full hand-off moves; the train step holds the frozen base in
+    the compute dtype and Adam moments for the adapters only, and the reshard reads base +
+    adapters (it merges them). Breaks if the planner planned the full state or the full
+    hand-off for a LoRA run."""
+    rc, out, _, p = run(capsys, tmp_path, "--devices", "2", *TINY, "--config.model.lora.rank=4")
+    assert rc == 0 and "LoRA rank 4" in out
+    check_phases(p, exact=True)
+    lo = p["lora"]
+    assert lo["rank"] == 4 and lo["adapter_bytes"] == lo["handoff_bytes_per_update"] > 0
+    assert lo["full_handoff_bytes"] > 5 * lo["adapter_bytes"]  # tiny: r = 4 of width 64
+    t = p["phases"]["train"]
+    # Adam's two moments of the adapters (replicated on data) and its step count
+    assert t["opt_state_bytes"] == 2 * lo["adapter_bytes"] + 4
+    assert t["params_bytes"] == lo["adapter_bytes"] + lo["base_bytes"]
+    assert p["phases"]["reshard"]["arguments_bytes"] == t["params_bytes"]
+    update = p["memory"]["phases"]["update"]["parts"]
+    assert update["optimizer_state"] < update["train_params"]  # Adam for the adapters only
+
+
 def test_progress_redraws_on_a_terminal_and_prints_lines_in_a_log():
     """A line per second on a terminal (redrawn in place), plain lines in a log: the program,
     its time so far, and how long the last compile of its kind took."""
@@ -214,6 +236,19 @@ def test_tpu_plan_compiles_every_phase(capsys, tmp_path):
     # the decode step's collectives over ICI, their time added to the bound
     assert e["decode_ici"]["bytes_per_s"] == 400e9 and "ICI:" in out
     assert e["decode_tokens_per_s_per_chip_with_ici"] <= e["decode_tokens_per_s_per_chip"]
+
+
+def test_a_one_chip_slice_samples_with_the_tpus_choices():
+    """v5e:1x1: a sampler on one TPU chip gets the TPU's backend choices and an unsplit
+    vocabulary. Broke with StopIteration (the CPU check used up the mesh's one device)."""
+    from ada.sampling.engine import backend_choices, sampler_layout
+
+    try:
+        devices, _ = tpu.tpu_devices("v5e:1x1")
+    except tpu.LibtpuUnavailable as e:
+        pytest.skip(str(e))
+    mesh = shd.make_mesh((1, 1, 1), devices)
+    assert sampler_layout(CFG, 8, mesh) == (backend_choices("tpu"), 1)
 
 
 def test_collectives_count_what_each_chip_sends():

@@ -245,6 +245,55 @@ def test_a_sampler_on_devices_of_its_own(tmp_path, cache, monkeypatch):
     assert rows_b[3]["staleness_max"] == 0  # step 4: drawn again after the resume
 
 
+def test_a_lora_sampler_on_devices_of_its_own_gets_only_the_adapters(tmp_path, cache,
+                                                                    monkeypatch):
+    """rl.sampler_devices=1 under LoRA: each update hands the sampler's device only the
+    adapters (`handoff_bytes` = their bytes, logged with `lora_rank`), merged there into the
+    base placed once; the sampler's weights equal the trainer's effective weights merged
+    (`sampling_params` of its params) bit for bit, on the sampler's device only, and at
+    k = 0 the run is the colocated synchronous loop's, rows and params. Breaks if the
+    hand-off crossed the base (bytes), merged a stale or missing adapter, or left the
+    merged weights on the trainer's device."""
+    from ada import stream
+    from ada.models import lora
+    from ada.sampling.driver import Driver
+
+    lora_kw = {"model.lora.rank": "4"}
+    seen = {"want": {}, "got": {}, "adapters": 0}
+    set_params, driver_set = stream.Stream.set_params, Driver.set_params
+
+    def spy_set_params(self, params, version):
+        fn = jax.jit(self.rollout.engine._sampling_fn)  # the colocated hand-off, on the trainer's
+        seen["want"][version] = jax.tree.map(np.asarray, fn(params))
+        seen["adapters"] = sum(x.nbytes for x in jax.tree.leaves(lora.split(params)[0]))
+        return set_params(self, params, version)
+
+    def spy_driver(self, params, version):
+        driver_set(self, params, version)
+        seen["got"][version] = (_devices(self.params), jax.tree.map(np.asarray, self.params))
+
+    monkeypatch.setattr(stream.Stream, "set_params", spy_set_params)
+    monkeypatch.setattr(Driver, "set_params", spy_driver)
+    cfg = _config(tmp_path, cache, 2, 0, **{"rl.sampler_devices": "1"}, **lora_kw)
+    _train(cfg, tmp_path / "split")
+    monkeypatch.undo()
+    assert sorted(seen["got"]) == sorted(seen["want"]) == [1, 2]
+    for version, (devices, got) in seen["got"].items():
+        assert devices == {jax.local_devices()[-1]}
+        want = seen["want"][version]
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        assert all(np.array_equal(a, b) for a, b in
+                   zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True))
+    rows = read_jsonl(str(tmp_path / "split" / "metrics.jsonl"))[1:]
+    assert [(r["lora_rank"], r["handoff_bytes"]) for r in rows] == [(4, seen["adapters"])] * 2
+    ref_rows, ref_params = sync_loop.run(_config(tmp_path, cache, 2, 0, **lora_kw), 2)
+    for row, ref in zip(rows, ref_rows, strict=True):
+        ref = sync_loop.comparable(ref)
+        assert {k: row[k] for k in ref} == ref
+    got, want = _params(str(tmp_path / "split")), jax.tree.leaves(ref_params)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def test_a_sampler_needs_a_device_to_spare(tmp_path, cache):
     from ada.loop import train
 

@@ -174,6 +174,11 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
            f"host(s) of {p['chips_per_host']}; train mesh {p['train_mesh']}, sampling mesh per "
            f"host {p['sampling_mesh']}",
            f"{'GiB/device':47s} {'args':>7s} {'out':>7s} {'temp':>7s} {'peak':>7s} {'+ held':>7s}"]
+    if lo := p.get("lora"):
+        out.append(f"LoRA rank {lo['rank']}: {lo['handoff_bytes_per_update'] / 2**20:.1f} MiB of "
+                   f"adapters per update to a sampler on its own devices, against "
+                   f"{gib(lo['full_handoff_bytes'])} GiB of merged weights a full hand-off "
+                   f"moves; frozen base {gib(lo['base_bytes'])} GiB (whole model)")
     for name, f in p["phases"].items():
         out.append(f"{name:8s} {f['shape']:38s} {gib(f['arguments_bytes']):>7s} "
                    f"{gib(f.get('outputs_bytes')):>7s} {gib(f.get('temp_bytes')):>7s} "

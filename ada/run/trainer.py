@@ -126,6 +126,8 @@ class Trainer:
         self.observe("handoff", step, stream)
         m.update(time_collect_s=t1 - t0, time_update_s=time.perf_counter() - t1,
                  **stream_metrics(streamed))
+        if c.model.lora.rank:  # LoRA rows only: a full run's keys stay as they were
+            m.update(lora_rank=c.model.lora.rank, handoff_bytes=stream.handoff_bytes)
         counters = {"samples_total": int(st.counters["samples_total"] + m["samples"]),
                     "prompts_total": int(st.counters["prompts_total"] + c.data.prompts_per_step)}
         m["samples_total"] = counters["samples_total"]

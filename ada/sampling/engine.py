@@ -134,7 +134,7 @@ def backend_choices(platform: str) -> BackendChoices:
 def sampler_layout(config: ModelConfig, num_slots: int, mesh) -> tuple[BackendChoices, int]:
     """A sampler's backend choices (from its devices' platform) and the number of shards its
     [slots, V] logits' vocabulary is split into on `mesh` (samplers.inverse_cdf)."""
-    devices = mesh.devices.flat if mesh is not None else jax.local_devices()[:1]
+    devices = list(mesh.devices.flat) if mesh is not None else jax.local_devices()[:1]
     on_cpu = all(d.platform == "cpu" for d in devices)
     choices = backend_choices("cpu" if on_cpu else next(iter(devices)).platform)
     if mesh is None:
