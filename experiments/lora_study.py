@@ -9,13 +9,13 @@ each run its own process (`python -m ada.runner`, under `nice`), --parallel at a
 Rank 0 is full fine-tuning at --full_lr (default: the config's optim.lr); the other ranks
 run at --lr. A run's folder is <workdir>/r<rank>/lr<lr>/seed<seed>, so a sweep's run is the
 main study's when its (rank, lr, seed) match. Finished runs (summary.json) are skipped; an
-unfinished one resumes from its checkpoint. Writes to --out, over every finished run in
---workdir (the sweep's too):
+unfinished one resumes from its checkpoint (--no_run: none is started). Writes to --out,
+over every finished run in --workdir (the sweep's too):
   summary.json  per (rank, lr): held-out accuracy at the last step (mean, sample std, per
-                seed), steps to --target (the first eval at or above it), seconds per step
-                (training only: evals and the compiling first step excluded), samples
-                drawn (the seconds follow them: Ada-balance draws per prompt) and each
-                run's load average; `tests`: each rank of --ranks against full fine-tuning
+                seed) and at each eval (mean), steps to --target (the first eval at or
+                above it), seconds per step (training only: evals and the compiling
+                first step excluded), samples drawn (the seconds follow them: Ada-balance
+                draws per prompt) and each run's load average; `tests`: each rank of --ranks against full fine-tuning
                 at its lr (difference, Welch p, Holm over the ranks); every run's record
   table.md      the same, as tables
 Seconds per step are only comparable between runs under the same load (recorded).
@@ -96,6 +96,8 @@ def summarize(records: dict, target: float, full: tuple | None, ranks) -> dict:
         g = {"rank": rank, "lr": lr, "seeds": [r["seed"] for r in rs],
              "final": finals[rank, lr], "steps": [c[-1]["step"] for c in curves],
              "reached_target": sum(p is not None for p in reached),
+             "curve_mean": {p["step"]: mean_std([c[i]["eval_accuracy"] for c in curves])[0]
+                            for i, p in enumerate(curves[0]) if all(len(c) > i for c in curves)},
              "load": [[r.get(k, [None])[0] for k in ("loadavg_before", "loadavg_after")]
                       for r in rs]}
         for name, xs in (("final", finals[rank, lr]),
@@ -134,6 +136,12 @@ def table(summary: dict) -> str:
             f"({g['reached_target']}/{len(g['seeds'])}) | {num(g['s_per_step_mean'], '.2f')} ± "
             f"{num(g['s_per_step_std'], '.2f')} | {num(g['samples_mean'], ',.0f')} | "
             f"{f'{min(load):.1f}-{max(load):.1f}' if load else '-'} |")
+    evals = list(summary["groups"][0]["curve_mean"]) if summary["groups"] else []
+    lines += ["", "| rank | lr | " + " | ".join(f"step {n}" for n in evals) + " |",
+              "|---" * (2 + len(evals)) + "|"]
+    for g in summary["groups"]:
+        lines.append(f"| {'full' if g['rank'] == 0 else g['rank']} | {g['lr']:g} | "
+                     + " | ".join(num(g["curve_mean"].get(n, float("nan"))) for n in evals) + " |")
     if summary["tests"]:
         lines += ["", "| rank (lr) vs full (lr) | seeds | acc. diff | p (Welch) | p (Holm) |",
                   "|---|---|---|---|---|"]
@@ -162,6 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lrs", default="3e-4,3e-3,9e-3")
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time (one per core)")
     ap.add_argument("--target", type=float, default=0.7)
+    ap.add_argument("--no_run", action="store_true", help="summarize the finished runs only")
     args = ap.parse_args(rest)
     args.overrides = [f"--config.{k}={v}" for k, v in overrides]
     full_lr = args.full_lr or float(cfglib.build_config(args.config, overrides).optim.lr)
@@ -170,7 +179,7 @@ def main(argv=None) -> int:
     jobs = ([(args.rank, float(lr), s) for lr in args.lrs.split(",") for s in seeds]
             if args.lr_sweep else [(r, lr, s) for r, lr in ranks.items() for s in seeds])
     with ThreadPoolExecutor(args.parallel) as pool:
-        list(pool.map(lambda job: run_one(args, *job), jobs))
+        list(pool.map(lambda job: run_one(args, *job), [] if args.no_run else jobs))
     records = finished(args.workdir)
     summary = summarize(records, args.target, (0, full_lr), {} if args.lr_sweep else ranks)
     summary.update(date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
