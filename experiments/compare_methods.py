@@ -93,8 +93,11 @@ MIXES = {
 
 
 def run_one(args, overrides, mix: str, variant: str, method: str, extra: list, seed: int):
-    """One run (reused when finished): (metrics rows with the clock, its record)."""
+    """One run (reused when finished): (metrics rows with the clock, its record); None for
+    an unfinished one under --no_run."""
     wd = os.path.join(args.workdir, mix, variant, f"seed{seed}")
+    if args.no_run and not os.path.exists(os.path.join(wd, "summary.json")):
+        return None
     cfg = cfglib.build_config(args.config, [
         ("method", method), ("seed", str(seed)), ("data.pass_rate_range", repr(MIXES[mix][0])),
         *MIXES[mix][1], *extra, *overrides])
@@ -166,13 +169,19 @@ def run_all(args, overrides):
                 continue
             method, extra = variants[name]
             if name == "grpo_matched":
-                matched[mix] = matched_n(out[mix].get("ada_balance") or [
+                balance = out[mix].get("ada_balance") or [
                     run_one(args, overrides, mix, "ada_balance", "ada_balance", [], seed)
-                    for seed in args.seeds])
+                    for seed in args.seeds]
+                if not all(balance):  # --no_run, Ada-balance unfinished: no n to match
+                    continue
+                matched[mix] = matched_n(balance)
                 extra = [("adaptive.n", str(matched[mix]))]
             seeds = args.sweep_seeds if name in SWEEP else args.seeds
-            out[mix][name] = [run_one(args, overrides, mix, name, method, extra, seed)
-                              for seed in seeds]
+            done = [r for r in (run_one(args, overrides, mix, name, method, extra, seed)
+                                for seed in seeds) if r is not None]
+            if done:
+                out[mix][name] = done
+        matched.setdefault(mix, "-")
     return out, matched
 
 
@@ -393,14 +402,24 @@ def write_summary(summary: dict, records: dict, matched: dict, target: float, ou
 
 def retest(paths: list[str], out: str, target: float) -> int:
     """--retest: the statistics of earlier summary.json files' runs, recomputed together.
-    A mix's runs all come from one file: the last one given that holds the mix (a rerun of
-    a mix replaces its earlier runs; its other mixes are kept)."""
+    A variant's runs on a mix all come from one file: the last one given that holds that
+    (mix, variant), and only files from the same start as the last one holding the mix
+    count. So a rerun of a mix replaces its earlier runs, a file of new variants joins a
+    mix's earlier ones, and a mix rerun from a new start drops the old start's variants;
+    each mix names the start, command and date of every file its runs come from."""
     old = [json.load(open(p)) for p in paths]
-    source = {rec["mix"]: i for i, summary in enumerate(old) for rec in summary["runs"]}
+
+    def start(summary, mix):
+        return summary.get("mixes", {}).get(mix, {}).get("start", summary["start"])
+
+    source = {(rec["mix"], rec["method"]): i for i, summary in enumerate(old)
+              for rec in summary["runs"]}
+    latest = {rec["mix"]: start(summary, rec["mix"]) for summary in old for rec in summary["runs"]}
     records, matched, origin, runs = {}, {}, {}, []
     for i, summary in enumerate(old):
         for rec in summary["runs"]:
-            if source[rec["mix"]] != i:
+            if (source[rec["mix"], rec["method"]] != i
+                    or start(summary, rec["mix"]) != latest[rec["mix"]]):
                 continue
             runs.append(rec)
             known = summary.get("mixes", {}).get(rec["mix"], {}).get("variants", {}).get(
@@ -409,10 +428,13 @@ def retest(paths: list[str], out: str, target: float) -> int:
                 rec.setdefault(key, known.get(key, float("nan")))
             records.setdefault(rec["mix"], {}).setdefault(rec["method"], []).append(rec)
             mix = summary.get("mixes", {}).get(rec["mix"], {})
-            origin[rec["mix"]] = {k: mix.get(k, summary[k]) for k in ORIGIN}
+            files = origin.setdefault(rec["mix"], {k: {} for k in ORIGIN})
+            for k in ORIGIN:
+                files[k][mix.get(k, summary[k])] = None
             n = [o.split("=")[1] for o in rec.get("overrides", []) if o.startswith("adaptive.n=")]
             if rec["method"] == "grpo_matched" and n:
                 matched[rec["mix"]] = int(n[0])
+    origin = {m: {k: " + ".join(v) for k, v in files.items()} for m, files in origin.items()}
     summary = {"start": " / ".join(dict.fromkeys(s["start"] for s in old)),
                "command": f"python experiments/compare_methods.py --retest {' '.join(paths)}",
                "date": datetime.date.today().isoformat(),
@@ -442,6 +464,8 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="", help="run only these (comma-separated; to split "
                    "the runs over processes: finished runs are reused, so a last call without "
                    "it writes the summary)")
+    p.add_argument("--no_run", action="store_true", help="run nothing: summarise the finished "
+                   "runs in --workdir (of --variants, if given) into --out")
     p.add_argument("--target", type=float, default=0.7, help="held-out accuracy for the "
                    "steps/seconds-to-target columns")
     args = p.parse_args(rest)
@@ -477,8 +501,8 @@ def main(argv=None) -> int:
     except cfglib.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.variants:
-        return 0  # a share of the runs: the call without --variants summarises
+    if args.variants and not args.no_run:
+        return 0  # a share of the runs: a call without --variants (or with --no_run) summarises
     summary = {"start": start_of(args.config, overrides),
                "command": " ".join(["python experiments/compare_methods.py", *argv]),
                "date": datetime.date.today().isoformat(), "mixes": {},

@@ -15,6 +15,7 @@ import numpy as np
 
 from ada import sharding as shd
 from ada.metrics import is_timing
+from ada.models import lora
 from ada.run.build import build, prompts_and_layout
 from ada.step import rl_step
 
@@ -51,6 +52,8 @@ if __name__ == "__main__":
     distributed.cpu_only_without_accelerators()
     distributed.initialize(timeout_s=cfg.distributed.timeout_s)
     rows, params = run(cfg, cfg.train.steps)
+    if lora.has_adapters(params):  # what a LoRA run's checkpoint holds: the adapters
+        params = lora.split(params)[0]
     if distributed.is_main():
         np.savez(out + ".npz", *[np.asarray(x) for x in jax.tree.leaves(params)])
         with open(out, "w") as f:

@@ -178,6 +178,25 @@ def test_retest_recomputes_an_earlier_summary(tmp_path):
     assert newer["mixes"]["easy"]["command"] == "other"
     assert sorted(r["final_eval_accuracy"] for r in newer["runs"] if r["mix"] == "hard") == \
         pytest.approx(sorted(r["final_eval_accuracy"] for r in rerun))
+    # a file of a new variant joins the mix's earlier variants, naming both files
+    knap = [dict(r, method="ada_knapsack") for r in runs if r["method"] == "ada_balance"]
+    (tmp_path / "knap.json").write_text(json.dumps(
+        {"start": "s", "command": "knap", "date": "d", "runs": knap}))
+    assert compare.main(["--retest", str(tmp_path / "newer" / "summary.json"),
+                         str(tmp_path / "knap.json"), "--out", str(tmp_path / "joined")]) == 0
+    joined = json.loads((tmp_path / "joined" / "summary.json").read_text())
+    assert len(joined["runs"]) == 15
+    assert set(joined["mixes"]["hard"]["variants"]) == {"grpo", "ada_balance", "ada_knapsack"}
+    assert joined["mixes"]["hard"]["command"] == "rerun + knap"
+    assert joined["mixes"]["easy"]["command"] == "other"
+    # a mix rerun from another start drops the old start's variants of that mix
+    (tmp_path / "restart.json").write_text(json.dumps(
+        {"start": "s2", "command": "restart", "date": "d", "runs": knap}))
+    assert compare.main(["--retest", str(tmp_path / "joined" / "summary.json"),
+                         str(tmp_path / "restart.json"), "--out", str(tmp_path / "restart")]) == 0
+    restart = json.loads((tmp_path / "restart" / "summary.json").read_text())
+    assert set(restart["mixes"]["hard"]["variants"]) == {"ada_knapsack"}
+    assert restart["mixes"]["hard"]["start"] == "s2" and len(restart["runs"]) == 9
 
 
 def test_unknown_mix_or_variant_is_refused(capsys):

@@ -151,13 +151,16 @@ def _two(cmds, env_of):
 def test_staleness_0_is_the_synchronous_loop_in_two_processes(tmp_path):
     """Two processes (4 CPU devices each, one SPMD update over 8): the runner's stream at
     k = 0 and the synchronous rl_step loop (tests/sync_loop.py) in the same two-process
-    layout give the same metrics and parameters, bit for bit."""
+    layout give the same metrics and parameters, bit for bit. Under LoRA (rank 4), so the
+    hand-off merges adapters trained on the 8-device mesh into each process's sampler
+    (full fine-tuning across processes: tests/test_multihost.py)."""
     import json
 
     from test_multihost import _cmd, _data, _env, _free_port
 
     data, cache = _data(tmp_path), str(tmp_path / "cache")
-    runner = _cmd(data, str(tmp_path / "stream"), cache, **{"sampling.mesh": "(4,1)"})
+    runner = _cmd(data, str(tmp_path / "stream"), cache,
+                  **{"sampling.mesh": "(4,1)", "model.lora.rank": 4})
     overrides = runner[runner.index("--config") + 2:runner.index("--workdir")]
     out = str(tmp_path / "sync.json")
     sync = [runner[0], os.path.join(ROOT, "tests", "sync_loop.py"), out, DEFAULT, *overrides]
@@ -171,6 +174,7 @@ def test_staleness_0_is_the_synchronous_loop_in_two_processes(tmp_path):
     ref = json.load(open(out))
     assert len(rows) == len(ref) == 2
     assert max(rows[0]["rounds_per_process"]) > min(rows[0]["rounds_per_process"])
+    assert [r["lora_rank"] for r in rows] == [4, 4]  # and the checkpoints hold adapters only
     for row, want in zip(rows, ref, strict=True):
         assert {k: row[k] for k in want} == want
     got = _params(str(tmp_path / "stream"))
