@@ -51,16 +51,18 @@ class Rollout:
             process_index=self.process_index, process_count=self.process_count)
 
     def collect(self, params, prompts: Sequence[dict], key,
-                more_prompts: Iterable[Sequence[dict]] | None = None) -> Collected:
+                more_prompts: Iterable[Sequence[dict]] | None = None, caps=None) -> Collected:
         """One adaptive collection of this process's prompt records (with `prompt_tokens`);
-        DAPO draws further prompts one by one from the batches of `more_prompts`."""
+        DAPO draws further prompts one by one from the batches of `more_prompts`. `caps`:
+        per prompt, the samples it may draw (a budget split, `ada.adaptive.allocation`)."""
         with jax.default_device(jax.local_devices()[0]):
             driver = self.driver(params, jax.random.fold_in(key, 0))
             collector = self.collector(driver)
             more = None
             if self.collect_cfg.dynamic_sampling:
                 more = itertools.chain.from_iterable(more_prompts or ())
-            out = collector.collect(prompts, jax.random.fold_in(key, 1), more_prompts=more)
+            out = collector.collect(prompts, jax.random.fold_in(key, 1), more_prompts=more,
+                                    caps=caps)
         stats = driver.stats()  # what the sampler prefilled and copied for it
         driver.release()  # its decode state and weights leave the chips now, not at a GC
         out.metrics.update(prefilled_prompts=stats["prefilled_prompts"],

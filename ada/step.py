@@ -32,15 +32,18 @@ ROUNDS_LOGGED = 64  # per-round counts kept per step (DAPO runs a few batches of
 
 def rl_step(state: TrainState, prompts: list[dict], key, *, rollout: Rollout, fns: TrainFns,
             method: str, layout: BatchLayout, normalize_std: bool | None = None,
-            ref_params=None, more_prompts=None,
+            ref_params=None, more_prompts=None, caps=None,
             update_diagnostics: bool = False) -> tuple[TrainState, dict, Collected]:
     """One collection and update on this process's `prompts`; returns (state, metrics, the
     collected batch). `state` is donated under a mesh: use the returned one.
 
+    caps: per prompt, the samples it may draw (`ada.adaptive.allocation.allocate` over a
+    success memory; a run's are ada/run/allocator.py's); None: M x N each.
+
     update_diagnostics: also log how the update moved the batch's own responses
     (`update_diagnostics`); costs two more forward passes over the batch."""
     t0 = time.perf_counter()
-    collected = rollout.collect(state.params, prompts, key, more_prompts)
+    collected = rollout.collect(state.params, prompts, key, more_prompts, caps=caps)
     t1 = time.perf_counter()
     state, metrics = update_step(state, collected, fns=fns, method=method, layout=layout,
                                  normalize_std=normalize_std, ref_params=ref_params,

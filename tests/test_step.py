@@ -51,7 +51,7 @@ def test_readme_example_advantages_equal_the_steps(method, monkeypatch):
         raise _Stop
 
     class Rollout:
-        def collect(self, params, prompts, key, more_prompts=None):
+        def collect(self, params, prompts, key, more_prompts=None, caps=None):
             return collected
 
     class State:
@@ -66,6 +66,25 @@ def test_readme_example_advantages_equal_the_steps(method, monkeypatch):
     if METHODS[method].normalize_std and collected.mixed.any():
         p = int(np.argmax(collected.mixed))
         assert np.std(readme_adv[p], ddof=1) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_rl_step_hands_its_caps_to_the_collection(monkeypatch):
+    """A budget split's per-prompt caps reach the collection (dropping them would sample
+    M x N a prompt, as if allocation=none)."""
+    got = {}
+
+    class Rollout:
+        def collect(self, params, prompts, key, more_prompts=None, caps=None):
+            got["caps"] = caps
+            raise _Stop
+
+    class State:
+        params = None
+
+    with pytest.raises(_Stop):
+        step.rl_step(State(), [{}, {}], jax.random.key(0), rollout=Rollout(), fns=None,
+                     method="ada_knapsack", layout=None, caps=np.array([2, 7]))
+    assert got["caps"].tolist() == [2, 7]
 
 
 def test_update_effect_equals_numpy():
