@@ -181,6 +181,8 @@ def run_all(args, overrides):
                                 for seed in seeds) if r is not None]
             if done:
                 out[mix][name] = done
+            elif name == "grpo_matched":
+                del matched[mix]  # --no_run: no matched run to report an n for
         matched.setdefault(mix, "-")
     return out, matched
 
@@ -402,24 +404,14 @@ def write_summary(summary: dict, records: dict, matched: dict, target: float, ou
 
 def retest(paths: list[str], out: str, target: float) -> int:
     """--retest: the statistics of earlier summary.json files' runs, recomputed together.
-    A variant's runs on a mix all come from one file: the last one given that holds that
-    (mix, variant), and only files from the same start as the last one holding the mix
-    count. So a rerun of a mix replaces its earlier runs, a file of new variants joins a
-    mix's earlier ones, and a mix rerun from a new start drops the old start's variants;
-    each mix names the start, command and date of every file its runs come from."""
+    A mix's runs all come from one file: the last one given that holds the mix (a rerun of
+    a mix replaces its earlier runs; its other mixes are kept)."""
     old = [json.load(open(p)) for p in paths]
-
-    def start(summary, mix):
-        return summary.get("mixes", {}).get(mix, {}).get("start", summary["start"])
-
-    source = {(rec["mix"], rec["method"]): i for i, summary in enumerate(old)
-              for rec in summary["runs"]}
-    latest = {rec["mix"]: start(summary, rec["mix"]) for summary in old for rec in summary["runs"]}
+    source = {rec["mix"]: i for i, summary in enumerate(old) for rec in summary["runs"]}
     records, matched, origin, runs = {}, {}, {}, []
     for i, summary in enumerate(old):
         for rec in summary["runs"]:
-            if (source[rec["mix"], rec["method"]] != i
-                    or start(summary, rec["mix"]) != latest[rec["mix"]]):
+            if source[rec["mix"]] != i:
                 continue
             runs.append(rec)
             known = summary.get("mixes", {}).get(rec["mix"], {}).get("variants", {}).get(
@@ -428,13 +420,10 @@ def retest(paths: list[str], out: str, target: float) -> int:
                 rec.setdefault(key, known.get(key, float("nan")))
             records.setdefault(rec["mix"], {}).setdefault(rec["method"], []).append(rec)
             mix = summary.get("mixes", {}).get(rec["mix"], {})
-            files = origin.setdefault(rec["mix"], {k: {} for k in ORIGIN})
-            for k in ORIGIN:
-                files[k][mix.get(k, summary[k])] = None
+            origin[rec["mix"]] = {k: mix.get(k, summary[k]) for k in ORIGIN}
             n = [o.split("=")[1] for o in rec.get("overrides", []) if o.startswith("adaptive.n=")]
             if rec["method"] == "grpo_matched" and n:
                 matched[rec["mix"]] = int(n[0])
-    origin = {m: {k: " + ".join(v) for k, v in files.items()} for m, files in origin.items()}
     summary = {"start": " / ".join(dict.fromkeys(s["start"] for s in old)),
                "command": f"python experiments/compare_methods.py --retest {' '.join(paths)}",
                "date": datetime.date.today().isoformat(),

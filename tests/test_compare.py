@@ -178,25 +178,28 @@ def test_retest_recomputes_an_earlier_summary(tmp_path):
     assert newer["mixes"]["easy"]["command"] == "other"
     assert sorted(r["final_eval_accuracy"] for r in newer["runs"] if r["mix"] == "hard") == \
         pytest.approx(sorted(r["final_eval_accuracy"] for r in rerun))
-    # a file of a new variant joins the mix's earlier variants, naming both files
-    knap = [dict(r, method="ada_knapsack") for r in runs if r["method"] == "ada_balance"]
-    (tmp_path / "knap.json").write_text(json.dumps(
-        {"start": "s", "command": "knap", "date": "d", "runs": knap}))
-    assert compare.main(["--retest", str(tmp_path / "newer" / "summary.json"),
-                         str(tmp_path / "knap.json"), "--out", str(tmp_path / "joined")]) == 0
-    joined = json.loads((tmp_path / "joined" / "summary.json").read_text())
-    assert len(joined["runs"]) == 15
-    assert set(joined["mixes"]["hard"]["variants"]) == {"grpo", "ada_balance", "ada_knapsack"}
-    assert joined["mixes"]["hard"]["command"] == "rerun + knap"
-    assert joined["mixes"]["easy"]["command"] == "other"
-    # a mix rerun from another start drops the old start's variants of that mix
-    (tmp_path / "restart.json").write_text(json.dumps(
-        {"start": "s2", "command": "restart", "date": "d", "runs": knap}))
-    assert compare.main(["--retest", str(tmp_path / "joined" / "summary.json"),
-                         str(tmp_path / "restart.json"), "--out", str(tmp_path / "restart")]) == 0
-    restart = json.loads((tmp_path / "restart" / "summary.json").read_text())
-    assert set(restart["mixes"]["hard"]["variants"]) == {"ada_knapsack"}
-    assert restart["mixes"]["hard"]["start"] == "s2" and len(restart["runs"]) == 9
+
+
+def test_no_run_summarises_the_finished_runs_only(tmp_path, monkeypatch):
+    """--no_run: the finished runs of a workdir (GRPO's two seeds, Ada-balance's one), no
+    training; the unfinished seed and the variants never run are left out."""
+    import ada.loop
+
+    monkeypatch.setattr(ada.loop, "train", lambda *a: pytest.fail("--no_run trained"))
+    for variant, seed, acc in (("grpo", 0, 0.4), ("grpo", 1, 0.5), ("ada_balance", 0, 0.6)):
+        wd = tmp_path / "runs" / "hard" / variant / f"seed{seed}"
+        wd.mkdir(parents=True)
+        rows = [{k: v for k, v in r.items() if k not in ("wall_s",)}
+                for r in fake_run(32, [0.2, 0.3, acc], 1.5)[0]]
+        (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (wd / "summary.json").write_text("{}")
+    (tmp_path / "runs" / "hard" / "ada_balance" / "seed1").mkdir()  # unfinished
+    assert compare.main(["--workdir", str(tmp_path / "runs"), "--mixes", "hard", "--seeds", "0,1",
+                         "--no_run", "--out", str(tmp_path / "out")]) == 0
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert sorted((r["method"], r["seed"]) for r in s["runs"]) == [
+        ("ada_balance", 0), ("grpo", 0), ("grpo", 1)]
+    assert s["mixes"]["hard"]["grpo_matched_n"] == "-"
 
 
 def test_unknown_mix_or_variant_is_refused(capsys):
