@@ -243,13 +243,14 @@ def train_probe(model_cfg, train_cfg, mesh, rows: int, seq_len: int) -> dict:
             "logit_chunks": N, "compiles": len(points)}
 
 
-def plan_reshard(engine, stacked, train_mesh) -> dict:
-    """Engine.prepare_params' hand-off: train mesh -> the engine's mesh on every host."""
+def plan_reshard(engine, stacked, train_mesh, ops: bool = False) -> dict:
+    """Engine.prepare_params' hand-off: train mesh -> the engine's mesh on every host.
+    `ops`: with the program's HBM bytes op by op (`compile_phase`)."""
     in_sh = shd.param_shardings(stacked, train_mesh)
     view = shd.replica_mesh(engine.mesh, train_mesh.devices.flat)
     fn = jax.jit(engine._sampling_fn, in_shardings=(in_sh,),
                  out_shardings=view and engine.param_shardings(stacked, view))
-    return dict(compile_phase(fn.lower(stacked), device_bytes(stacked, in_sh)),
+    return dict(compile_phase(fn.lower(stacked), device_bytes(stacked, in_sh), ops),
                 shape="params -> sampler weights")
 
 

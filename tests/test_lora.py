@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_train_step import CFG, make_batch, params0
-from tolerances import model_tol
+from tolerances import logprob_tol, model_tol
 
 from ada import config as C
 from ada import sharding as shd
@@ -23,7 +23,9 @@ from ada.rl import train
 from ada.rl.losses import LossConfig
 from ada.rl.optimizer import OptimConfig
 from ada.run.state import state_tree
+from ada.sampling.driver import Driver, Request
 from ada.sampling.engine import Engine, prefill_fn
+from ada.sampling.samplers import SamplingConfig
 
 # Off-policy with accumulation (2 mini-batches of 2 micro-batches) and a KL term.
 LORA = train.TrainConfig(lora=LoraConfig(rank=4, alpha=32.0), loss=LossConfig(kl_coef=0.1),
@@ -104,6 +106,35 @@ def test_sampler_merged_weights_equal_the_trainers_effective_weights():
     tol = model_tol(want, CFG)
     assert np.abs(np.asarray(sampler - want)).max() <= tol
     assert np.abs(np.asarray(base[:, -1] - want)).max() > 100 * tol
+
+
+@pytest.mark.numerics  # held to a float32 tolerance
+def test_the_adapters_in_the_decode_step_sample_what_the_merged_weights_do():
+    """benchmarks/lora_decode.py's other sampler form: the base in decode form with the
+    adapters beside it, applied by layers.linear in every decode step, draws the merged
+    weights' greedy tokens with their log-probs within float32's tolerance, so its A/B
+    compares one computation. Breaks if the form dropped a layer's adapter or its scale."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "lora_decode", os.path.join(root, "benchmarks", "lora_decode.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    params = trained()
+    engine = Engine(CFG, num_slots=2, max_prompt_len=16, max_new_tokens=8, chunk_size=4,
+                    sampling=SamplingConfig(temperature=0.0))
+    forms = {"merged": engine.prepare_params(params), "adapters": bench.with_adapters(
+        params, config=CFG, unembed_copy=engine.choices.unembed_copy)}
+    assert any(lora.is_adapter(k) for k in forms["adapters"]["layers"][0])
+    reqs = [Request(list(range(3 + i, 11 + i)), i, 0, 8) for i in range(2)]
+    out = {k: Driver(engine, p, step_key=0).generate_all(reqs) for k, p in forms.items()}
+    batch = make_batch(3, B=2)
+    tol = logprob_tol(prefill_fn(forms["merged"], jnp.asarray(batch["tokens"][:, :8]),
+                                 jnp.asarray(batch["mask"][:, :8]), config=CFG).logits, CFG)
+    for m, a in zip(out["merged"], out["adapters"], strict=True):
+        assert m.token_ids == a.token_ids and len(m.token_ids) == 8
+        assert np.abs(np.subtract(m.logprobs, a.logprobs)).max() <= tol
 
 
 @pytest.mark.numerics  # held to a float32 tolerance
