@@ -174,15 +174,15 @@ def run_all(args, overrides):
                     for seed in args.seeds]
                 if not all(balance):  # --no_run, Ada-balance unfinished: no n to match
                     continue
-                matched[mix] = matched_n(balance)
-                extra = [("adaptive.n", str(matched[mix]))]
+                n = matched_n(balance)
+                extra = [("adaptive.n", str(n))]
             seeds = args.sweep_seeds if name in SWEEP else args.seeds
             done = [r for r in (run_one(args, overrides, mix, name, method, extra, seed)
-                                for seed in seeds) if r is not None]
+                                for seed in seeds) if r is not None]  # None: --no_run, unfinished
             if done:
                 out[mix][name] = done
-            elif name == "grpo_matched":
-                del matched[mix]  # --no_run: no matched run to report an n for
+                if name == "grpo_matched":
+                    matched[mix] = n
         matched.setdefault(mix, "-")
     return out, matched
 
