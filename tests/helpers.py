@@ -4,6 +4,8 @@ another test module."""
 
 from __future__ import annotations
 
+import socket
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,3 +40,10 @@ def left_padded(vocab_size, B=3, T=20, pads=(0, 4, 11), seed=0, low=0):
     for b, p in enumerate(pads):
         mask[b, :p] = False
     return tokens, mask, np.asarray(positions_from_mask(jnp.asarray(mask)))
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now (for a coordinator, a server or an emulator)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -699,7 +699,7 @@ def test_serve_refuses_a_too_long_prompt_naming_the_limit():
     import jax
     from jetstream.core.proto import jetstream_pb2 as pb
     from jetstream.core.proto import jetstream_pb2_grpc as rpc
-    from test_serve import free_port
+    from helpers import free_port
 
     from ada.models import init_params, preset
     from ada.sampling.engine import Engine

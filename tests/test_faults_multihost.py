@@ -14,7 +14,8 @@ import sys
 import time
 
 import pytest
-from test_multihost import _cmd, _data, _env, _free_port
+from helpers import free_port
+from test_multihost import _cmd, _data, _env
 
 from ada.checkpoint import complete_steps
 from ada.metrics import read_jsonl
@@ -31,7 +32,7 @@ class Pair:
         self.wd = wd or str(root / "run")
 
     def start(self, fault="", **extra):
-        port = _free_port()
+        port = free_port()
         ov = {"sampling.mesh": "(1,1)", "train.steps": 50, "checkpoint.every": 100, **extra}
         return [subprocess.Popen(
             _cmd(self.data, self.wd, self.cache, **ov),
@@ -148,7 +149,7 @@ time.sleep(120)
 
 
 def _idle_pair(timeout_s):
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-c", _IDLE, str(timeout_s)],
                               env=_env(1, ADA_COORDINATOR=f"localhost:{port}",
                                        ADA_NUM_PROCESSES="2", ADA_PROCESS_ID=str(i)),
@@ -233,7 +234,7 @@ def test_bad_data_on_one_host_ends_both_with_exit_2(tmp_path):
     good = _data(tmp_path)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(open(good).read() + '{"problem": "1 + 1"}\n')
-    port, wd = _free_port(), str(tmp_path / "run")
+    port, wd = free_port(), str(tmp_path / "run")
     procs = [subprocess.Popen(_cmd(path, wd, str(tmp_path / "cache"), **{"sampling.mesh": "(1,1)"}),
                               env=_env(1, ADA_COORDINATOR=f"localhost:{port}",
                                        ADA_NUM_PROCESSES="2", ADA_PROCESS_ID=str(i)),

@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
     """The emulator's environment for child processes (and this one, while the module runs)."""
-    from test_serve import free_port
+    from helpers import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -13,12 +13,12 @@ Selection keys are global prompt ids, so the responses kept do not depend on the
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from helpers import free_port
 from tolerances import assert_same_adam_update
 
 from ada.metrics import read_jsonl
@@ -27,12 +27,6 @@ pytestmark = pytest.mark.numerics  # CI runs it again under another CPU's kernel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def _data(tmp_path):
@@ -89,7 +83,7 @@ def test_two_processes_match_one(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
 
     multi = str(tmp_path / "multi")
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen(_cmd(data, multi, cache, **{"sampling.mesh": "(4,1)"}, **split),
                               env=_env(4, ADA_COORDINATOR=f"localhost:{port}", ADA_NUM_PROCESSES="2",
                                        ADA_PROCESS_ID=str(i)),

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import jax
 import numpy as np
 import pytest
+from helpers import free_port
 
 from ada import config as C
 from ada.cli import serve
@@ -26,12 +27,6 @@ START_TIMEOUT_S = 240  # the server's imports, restore and first compile on a 2-
 needs_jetstream = pytest.mark.skipif(
     importlib.util.find_spec("jetstream") is None,
     reason="google-jetstream (ada[jetstream]) is not installed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -156,7 +156,8 @@ def test_staleness_0_is_the_synchronous_loop_in_two_processes(tmp_path):
     (full fine-tuning across processes: tests/test_multihost.py)."""
     import json
 
-    from test_multihost import _cmd, _data, _env, _free_port
+    from helpers import free_port
+    from test_multihost import _cmd, _data, _env
 
     data, cache = _data(tmp_path), str(tmp_path / "cache")
     runner = _cmd(data, str(tmp_path / "stream"), cache,
@@ -165,7 +166,7 @@ def test_staleness_0_is_the_synchronous_loop_in_two_processes(tmp_path):
     out = str(tmp_path / "sync.json")
     sync = [runner[0], os.path.join(ROOT, "tests", "sync_loop.py"), out, DEFAULT, *overrides]
     for cmds in ([runner, runner], [sync, sync]):
-        port = _free_port()
+        port = free_port()
         results = _two(cmds, lambda i, port=port: _env(
             4, ADA_COORDINATOR=f"localhost:{port}", ADA_NUM_PROCESSES="2", ADA_PROCESS_ID=str(i)))
         for code, err in results:
