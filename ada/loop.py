@@ -79,6 +79,7 @@ def train(config, workdir: str, *, stop_after: int | None = None, force_config: 
                 first = trainer.evaluate() if c.eval.every else {}
                 writer.write(0, {"warmstart_loss": trainer.setup.warm_info.get("loss"),
                                  "warmstart_cached": trainer.setup.warm_info.get("cached"),
+                                 "warmstart_sha256": trainer.setup.warm_info.get("sha256"),
                                  "dropped_prompts": trainer.setup.dropped_prompts,
                                  "setup_s": setup_s, **first})
                 bar.update(first, n=0)  # the starting accuracy, shown until the next eval

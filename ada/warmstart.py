@@ -123,7 +123,11 @@ def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]
     """`init` (default: a random init from `seed`) + `steps` supervised steps, cached in
     `cache_dir/<key>.msgpack`, a local folder or gs:// (the key must name `init`'s own making).
 
-    Returns (params, info) with info = {"cached": bool, "path": ..., "loss": ...}.
+    Returns (params, info) with info = {"cached": bool, "path": ..., "loss": ..., "sha256": ...}.
+    `sha256` is the content hash of the saved bytes: the key names how a start was made, not
+    what it came out as, and the same key trained on another CPU's kernels gives other
+    params (docs/results.md, "The embedded default run on any CPU"); caches keyed on the start
+    (the pass-rate filter) and comparisons of runs key on the hash.
     """
     paths.path(cache_dir).mkdir(parents=True, exist_ok=True)
     path = paths.join(cache_dir, f"warmstart-{key_parts}.msgpack")
@@ -131,9 +135,11 @@ def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]
     template = init_params(model_cfg, jax.random.key(seed))
     if file.exists():
         try:
-            params = serialization.from_bytes(template, paths.read_bytes(file))
+            data = paths.read_bytes(file)
+            params = serialization.from_bytes(template, data)
             meta = json.loads(paths.read_bytes(info)) if info.exists() else {}
-            return params, {"cached": True, "path": path, "loss": meta.get("loss")}
+            return params, {"cached": True, "path": path, "loss": meta.get("loss"),
+                            "sha256": content_hash(data)}
         except Exception as e:  # a corrupt cache entry is recomputed, never trusted
             log.warning("warm-start cache %s unreadable (%s); recomputing", path, e)
     log.info("warm start: %d supervised steps on %d examples (runs once; cached in %s)",
@@ -142,7 +148,13 @@ def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]
                                     steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                     pad_id=pad_id, log_every=max(steps // 5, 1))
     params = jax.device_get(params)
+    data = serialization.to_bytes(params)
     if jax.process_index() == 0:  # a reader sees no file or the whole of it
         paths.write_atomic(info, json.dumps({"loss": loss, "steps": steps}))
-        paths.write_atomic(file, serialization.to_bytes(params))
-    return params, {"cached": False, "path": path, "loss": loss}
+        paths.write_atomic(file, data)
+    return params, {"cached": False, "path": path, "loss": loss, "sha256": content_hash(data)}
+
+
+def content_hash(data: bytes) -> str:
+    """The first 16 hex digits of the saved warm start's sha256."""
+    return hashlib.sha256(data).hexdigest()[:16]

@@ -103,7 +103,8 @@ def run_one(args, overrides, mix: str, variant: str, method: str, extra: list, s
         *MIXES[mix][1], *extra, *overrides])
     rows, load = train_once(cfg, wd, f"{mix} {variant} seed {seed}")
     return rows, record(rows, mix=mix, method=variant, seed=seed, config_method=method,
-                        overrides=[f"{k}={v}" for k, v in extra], **load)
+                        overrides=[f"{k}={v}" for k, v in extra],
+                        warmstart_sha256=rows[0].get("warmstart_sha256"), **load)
 
 
 def train_once(cfg, wd: str, label: str) -> tuple[list[dict], dict]:
@@ -267,7 +268,32 @@ def summarize(mix: str, records: dict, target: float) -> dict:
             s[key] = mean_std([rec.get(key, float("nan")) for rec in rs])[0]
         out["variants"][v] = s
     out["tests"] = pairwise_tests(mix, per_seed)
+    out["warmstart_sha256"] = sorted({rec["warmstart_sha256"] for rs in records.values()
+                                      for rec in rs if rec.get("warmstart_sha256")})
+    out["start_mismatch"] = start_mismatch(records)
     return out
+
+
+def start_mismatch(records: dict) -> str:
+    """Why the mix's runs may not share their start ('' if nothing says so): a mix compares
+    variants from one start, so per seed every run's step-0 held-out accuracy (the eval keys
+    are the seed's) and its warm start's content hash, where recorded, must agree. A start
+    retrained under the same cache key on another CPU gives other params, and runs made
+    before and after would be mixed silently."""
+    seen: dict[int, dict] = {}
+    for v, rs in records.items():
+        for rec in rs:
+            s = seen.setdefault(rec["seed"], {"eval": {}, "hash": {}})
+            s["eval"].setdefault(rec["curve"][0].get("eval_accuracy"), []).append(v)
+            if rec.get("warmstart_sha256"):
+                s["hash"].setdefault(rec["warmstart_sha256"], []).append(v)
+    for seed, s in sorted(seen.items()):
+        for what, groups in (("step-0 held-out accuracy", s["eval"]),
+                             ("warm-start sha256", s["hash"])):
+            if len(groups) > 1:
+                return f"seed {seed}'s runs differ in {what}: " + "; ".join(
+                    f"{k} ({', '.join(vs)})" for k, vs in groups.items())
+    return ""
 
 
 def mix_label(mix: str) -> str:
@@ -287,7 +313,11 @@ def table(summary: dict) -> str:
         lines += [
             f"**{mix}** ({mix_label(mix)}; grpo_matched: n = "
             f"{s['grpo_matched_n']})", "",
-            f"Runs: `{s['command']}` ({s['date']}), from {s['start']}.", "",
+            f"Runs: `{s['command']}` ({s['date']}), from {s['start']}"
+            + (f" (warm-start sha256 {', '.join(s['warmstart_sha256'])})"
+               if s.get("warmstart_sha256") else "") + ".", "",
+            *([f"**Not one start: {s['start_mismatch']}.**", ""] if s.get("start_mismatch")
+              else []),
             f"| variant | seeds | held-out acc, equal steps | at {s['equal_samples']:.0f} samples | at "
             f"{s['equal_seconds']:.0f} s | steps to {t} | seconds to {t} | samples drawn | "
             "seconds | draws/prompt | zero-variance share | final entropy |",

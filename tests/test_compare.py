@@ -77,9 +77,36 @@ def test_summary_at_equal_steps_samples_seconds_and_to_target(tmp_path):
     text = compare.table(summary)
     assert "| ada_balance | 2 | 0.600 ± 0.000 | 0.450 ± 0.071 |" in text
     assert "| ada_balance − grpo | +0.150 [" in text
-    assert "Runs: `cmd` (dt), from st." in text
+    assert "Runs: `cmd` (dt), from st." in text and "Not one start" not in text
+    assert s["start_mismatch"] == "" and s["warmstart_sha256"] == []
     compare.plot(runs, ("grpo", "ada_balance"), compare.PANELS, str(tmp_path / "c.png"), "test")
     assert os.path.getsize(tmp_path / "c.png") > 10_000
+
+
+def test_runs_from_different_starts_are_named_in_the_table():
+    """A mix compares variants from one start: per seed, a run whose step-0 held-out
+    accuracy or warm-start hash differs from the others' is named, in the summary and in
+    bold in the table (a warm start retrained on another CPU, under the same cache key)."""
+    def rec(acc0, sha, seed=0):
+        return dict(fake_run(32, [acc0, 0.3, 0.4], 1.5)[1], seed=seed, warmstart_sha256=sha)
+
+    same = {"grpo": [rec(0.2, "aa"), rec(0.25, "aa", seed=1)],
+            "ada_balance": [rec(0.2, "aa"), rec(0.25, "aa", seed=1)]}
+    s = compare.summarize("hard", same, target=0.45)
+    assert s["start_mismatch"] == "" and s["warmstart_sha256"] == ["aa"]
+    moved = {"grpo": same["grpo"], "ada_balance": [rec(0.2, "aa"), rec(0.3, "aa", seed=1)]}
+    s = compare.summarize("hard", moved, target=0.45)
+    assert s["start_mismatch"] == ("seed 1's runs differ in step-0 held-out accuracy: "
+                                   "0.25 (grpo); 0.3 (ada_balance)")
+    other = {"grpo": same["grpo"], "ada_balance": [rec(0.2, "bb"), rec(0.25, "aa", seed=1)]}
+    s = compare.summarize("hard", other, target=0.45)
+    assert s["start_mismatch"] == ("seed 0's runs differ in warm-start sha256: aa (grpo); "
+                                   "bb (ada_balance)")
+    s.pop("tests")
+    text = compare.table({"command": "c", "date": "d", "tests": [], "mixes": {"hard": dict(
+        s, grpo_matched_n="-", start="st", command="cmd", date="dt")}})
+    assert "Runs: `cmd` (dt), from st (warm-start sha256 aa, bb)." in text
+    assert f"**Not one start: {s['start_mismatch']}.**" in text
 
 
 def test_welch_against_its_formulas_and_a_numerically_integrated_t():

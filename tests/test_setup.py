@@ -2,6 +2,7 @@
 pass-rate filter behind the easy / hard prompt sets."""
 
 import collections
+import hashlib
 import types
 
 import pytest
@@ -86,13 +87,15 @@ def test_noisy_teacher_phase_continues_from_the_cached_exact_phase(tmp_path):
     c, task, tok, records, model_cfg, (exact, _) = start("0.0", "0")
     _, _, _, _, _, (noisy, info) = start("0.6", "3")
     assert not info["cached"]
+    fresh_hash = info["sha256"]
     assert len(list((tmp_path / "warmstart").glob("*.msgpack"))) == 2  # exact phase shared
     w = c.warmstart
     expected, _ = warmstart.supervised_train(
         exact, model_cfg, warmstart.examples(records, task, tok, 0.6, w.seed), steps=3,
         batch_size=8, lr=w.noise_lr, seed=w.seed + 1, pad_id=tok.pad_id)
     _, _, _, _, _, (again, info) = start("0.6", "3")
-    assert info["cached"]
+    assert info["cached"] and info["sha256"] == fresh_hash  # the content hash of the same bytes
+    assert info["sha256"] == hashlib.sha256(open(info["path"], "rb").read()).hexdigest()[:16]
     for a, b, d in zip(jax.tree.leaves(noisy), jax.tree.leaves(expected),
                        jax.tree.leaves(again), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
@@ -122,13 +125,17 @@ def test_pass_rate_filter_keeps_the_range_and_caches(tmp_path):
         ("data.pass_rate_range", "(0.25, 0.5)"), ("data.pass_rate_samples", str(k)),
         ("data.prompts_per_step", "4"), ("warmstart.cache_dir", str(tmp_path))])
     rollout = FakeRollout(correct_of)
-    kept = filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})
+    warm = {"path": "warm.msgpack", "sha256": "0123456789abcdef"}
+    kept = filter_by_pass_rate(c, records, None, None, rollout, warm)
     assert [r["id"] for r in kept] == [r["id"] for r in records
                                        if 0.25 <= correct_of[r["id"]] / k <= 0.5]
     calls = rollout.calls
-    again = filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})
+    again = filter_by_pass_rate(c, records, None, None, rollout, warm)
     assert [r["id"] for r in again] == [r["id"] for r in kept] and rollout.calls == calls
+    # the same warm-start file retrained to other bytes (another CPU): its pass rates are drawn
+    filter_by_pass_rate(c, records, None, None, rollout, dict(warm, sha256="fedcba9876543210"))
+    assert rollout.calls == calls + 1
 
     c.data.prompts_per_step = len(kept) + 1
     with pytest.raises(ConfigError, match="widen the range"):
-        filter_by_pass_rate(c, records, None, None, rollout, {"path": "warm.msgpack"})
+        filter_by_pass_rate(c, records, None, None, rollout, warm)

@@ -110,11 +110,14 @@ def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_re
 
 def initial_policy(config, model_cfg, warm_info: dict) -> str:
     """What the run's initial params are, for cache keys: the HF checkpoint, the cached warm
-    start, or the seeded random init of this model."""
+    start with its content hash (retrained on another CPU, the same path holds other
+    params), or the seeded random init of this model."""
     if config.model.path:
         return os.path.abspath(config.model.path)
+    if warm_info.get("path"):
+        return f"{warm_info['path']}@sha256:{warm_info['sha256']}"
     shape = hashlib.sha256(repr(model_cfg).encode()).hexdigest()[:12]
-    return warm_info.get("path") or f"random-init-{shape}-seed{config.seed}"
+    return f"random-init-{shape}-seed{config.seed}"
 
 
 def base_ref(config, model_cfg, params, warm_info: dict) -> dict | None:
