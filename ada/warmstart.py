@@ -156,5 +156,7 @@ def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]
 
 
 def content_hash(data: bytes) -> str:
-    """The first 16 hex digits of the saved warm start's sha256."""
+    """The first 16 hex digits of the saved warm start's sha256: the file's own, so
+    `sha256sum` on a cache file checks it, and free since the bytes are in hand
+    (`lora.fingerprint` hashes a params tree on device, for a base with no file of its own)."""
     return hashlib.sha256(data).hexdigest()[:16]
