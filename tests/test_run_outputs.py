@@ -29,20 +29,34 @@ TINY = {
     "rl.max_staleness": 1, "loss.kl_coef": 0.01, "adaptive.allocation": "knapsack",
     "log.progress": "false", "log.every": 2, "log.tensorboard": "false", "log.plots": "false",
 }
+FOLDERS = {}  # the run's home and cache folders
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """(workdir, the run's stderr)."""
+    """(workdir, the run's stderr). The run's home is an empty folder and its cache folder
+    ($XDG_CACHE_HOME) another, so that test_the_run_writes_only_its_folders can look."""
     wd = str(tmp_path_factory.mktemp("run") / "w")
-    cache = str(tmp_path_factory.mktemp("cache"))
+    home, cache = tmp_path_factory.mktemp("home"), tmp_path_factory.mktemp("xdg-cache")
     cmd = [sys.executable, "-m", "ada.runner", "--workdir", wd,
-           f"--config.warmstart.cache_dir={cache}",
            *(f"--config.{k}={v}" for k, v in TINY.items())]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, HOME=str(home),
+               XDG_CACHE_HOME=str(cache))
+    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "MPLCONFIGDIR"):
+        env.pop(var, None)  # as on a user's machine: only HOME and the cache folder are set
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
+    FOLDERS.update(home=home, cache=cache)
     return wd, r.stderr
+
+
+def test_the_run_writes_only_its_folders(run):
+    """A run writes its workdir and ada's cache under $XDG_CACHE_HOME/ada (the tokenizer it
+    trained here), nothing under the home directory: the conftest's session folder, which is
+    both for the suite, keeps every test's writes out of the user's home."""
+    home, cache = FOLDERS["home"], FOLDERS["cache"]
+    assert not list(home.iterdir()), sorted(map(str, home.rglob("*")))
+    assert list((cache / "ada" / "tokenizers").glob("*.model"))
 
 
 def documented_keys() -> set[str]:
