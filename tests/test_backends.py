@@ -52,3 +52,23 @@ def test_eval_gets_its_own_engine_only_for_another_temperature_or_length(overrid
     another."""
     cfg = C.build_config(C.DEFAULT_CONFIG, [("sampling.max_new_tokens", "16")] + overrides)
     assert eval_sampling(cfg) == own
+
+
+@pytest.mark.parametrize("platform, fits, want", [
+    ("tpu", True, "kernel"), ("tpu", False, "gather"),  # head_dim 128 or 16
+    ("gpu", True, "gather"), ("cuda", True, "gather"), ("cpu", True, "gather"),
+])
+def test_auto_paged_attention_is_the_kernel_on_tpu_only(platform, fits, want):
+    """Breaks if sampling.paged_attention=auto picks a path that cannot run on the platform:
+    the Pallas TPU kernel off TPU or for a head_dim it does not serve (a GPU takes gather,
+    not JAX's Pallas GPU paged kernel), make_engine builds what the choice names, and a
+    PagedEngine built directly with attention="auto" (engine.backend_choices) agrees."""
+    from ada.sampling.engine import backend_choices
+    from ada.sampling.paged_config import auto_attention
+
+    model = preset("tiny", vocab_size=64, head_dim=128 if fits else 16)
+    assert auto_attention(platform, model) == want
+    knobs = BACKENDS["paged"].knobs(C.build_config(C.DEFAULT_CONFIG, []).sampling, platform,
+                                    model)
+    assert knobs["attention"] == want
+    assert (backend_choices(platform).paged_attention if fits else "gather") == want

@@ -22,14 +22,14 @@ from ada.errors import ConfigError
 from ada.meshes import sampling_mesh
 from ada.sampling.engine import Engine
 from ada.sampling.paged import PagedEngine
-from ada.sampling.paged_config import kernel_problem
+from ada.sampling.paged_config import auto_attention, kernel_problem
 from ada.sampling.samplers import SamplingConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
     engine: type  # the engine class the Driver runs
-    knobs: Callable  # sampling section -> the engine's own keyword arguments
+    knobs: Callable  # (sampling section, platform, model) -> the engine's own keyword arguments
     check: Callable = lambda s, platform, model_cfg: None  # -> one line, or None: fits
     error: str = ""  # the user's line for a ValueError of the engine ({e}: its text); "": raise
     plan_knobs: Callable = lambda s: {}  # the sampling knobs ada.plan plans this backend at
@@ -39,10 +39,12 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {
-    "dense": Backend(Engine, lambda s: {"slot_bucketing": s.slot_bucketing}),
+    "dense": Backend(Engine, lambda s, platform, model_cfg: {"slot_bucketing": s.slot_bucketing}),
     "paged": Backend(PagedEngine,
-                     lambda s: {"page_size": s.page_size, "num_pages": s.num_pages,
-                                "attention": s.paged_attention},
+                     lambda s, platform, model_cfg: {
+                         "page_size": s.page_size, "num_pages": s.num_pages,
+                         "attention": (auto_attention(platform, model_cfg)
+                                       if s.paged_attention == "auto" else s.paged_attention)},
                      lambda s, platform, model_cfg: kernel_problem(s.paged_attention, platform,
                                                                    model_cfg),
                      # the pool's size (eval.max_new_tokens may exceed sampling's)
@@ -81,8 +83,8 @@ def make_engine(config, model_cfg, tokenizer, mesh=None, *, temperature: float |
     tokenizer it stops at no EOS id (the planner: no compiled shape depends on them).
     temperature, max_new_tokens and num_slots default to the sampling section's.
     sampling.kv_cache=paged gives a paged.PagedEngine, which the Driver runs with the same
-    contract (docs/paged.md); on TPU its decode attention is the Pallas kernel
-    (sampling.paged_attention=auto)."""
+    contract (docs/paged.md); its decode attention at sampling.paged_attention=auto is
+    `paged_config.auto_attention`'s for the devices' platform."""
     s = config.sampling
     backend = BACKENDS[s.kv_cache]
     mesh = sampling_mesh(config) if mesh is None else mesh
@@ -103,7 +105,8 @@ def make_engine(config, model_cfg, tokenizer, mesh=None, *, temperature: float |
             sampling=SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p),
             eos_ids=tuple(tokenizer.eos_ids) if tokenizer is not None else (),
             chunk_size=s.chunk_size, mesh=mesh, max_prefill_rows=s.max_prefill_rows,
-            num_windows=s.num_windows, min_prompt_bucket=min(16, prompt_len), **backend.knobs(s))
+            num_windows=s.num_windows, min_prompt_bucket=min(16, prompt_len),
+            **backend.knobs(s, platform, model_cfg))
     except ValueError as e:
         if not backend.error:
             raise

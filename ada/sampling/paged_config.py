@@ -46,6 +46,13 @@ def kv_cache_problems(config) -> list[str]:
     return problems
 
 
+def auto_attention(platform: str, model_cfg) -> str:
+    """TPU: the ragged kernel where the model fits it; else gather, the path that runs anywhere."""
+    # not JAX's Pallas GPU paged kernel: it reads separate head-major key and value pages and
+    # has no sliding window, not the pool and contract of ada.models.paged_attention
+    return "kernel" if platform == "tpu" and kernel_fits(model_cfg) else "gather"
+
+
 def kernel_problem(paged_attention: str, platform: str, model_cfg) -> str | None:
     """Why sampling.paged_attention='kernel' cannot run on these devices (one line), or None
     (ada.sampling.backends.make_engine asks, once it knows the sampler's devices and the model)."""
