@@ -18,21 +18,32 @@ The run's policy (ada/stream.py, `Driver.release`), colocated sampler:
     the driver frees it, its prefix caches and its weights until the update's hand-off
     brings new ones, and after an eval with nothing in flight it frees the decode state;
   - with cohorts in flight (k >= 1, while later steps sample) the sampler keeps its
-    weights, decode state and prefix caches through the update;
+    weights, decode state and prefix caches through the update; the hand-off swaps the
+    weights and drops the prefills the old ones made (both transient in that phase);
   - eval samples through the stream's driver (the same engine) or, with another
     temperature or length, through a driver of its own engine that shares the stream's
     weights: a second decode state, never a second copy of the weights;
   - the KL reference (loss.kl_coef > 0) is a second copy of the train params (none under
     LoRA: the reference is the frozen base the train params hold).
-With rl.sampler_devices = N the sampler's own chips hold its weights and decode state
-through every phase and the trainer's the train state (under LoRA the sampler's also hold the
-frozen base its merges start from: ada/stream.py); the ledger is the colocated one.
+A phase's resident parts are what the chips hold through it: the prefill, generate and eval
+phases' are what the sampler holds before it frees them (tests/test_memory.py measures them
+there), the other phases' what `loop.train`'s boundary after the phase finds.
+
+With rl.sampler_devices = N (`split_ledger`) the trainer's chips hold the train state (a
+save's staging copy, the update's and the hand-off cast's temporaries) and the sampler's its
+weights, decode state and prefix caches through every phase (under LoRA also the frozen
+base its merges start from); a hand-off's new weights wait there beside the old until the
+sampler takes them between two chunks (taking them empties its prefix LRU, the old weights'
+prefills, which the next cohort fills again; after the last hand-off nothing does), and eval
+samples on a driver of its own: a second copy of the weights, a decode state and prefix
+caches while it runs.
 """
 
 from __future__ import annotations
 
 import jax
 
+from ada import sharding as shd
 from ada.config import train_config
 from ada.models import lora
 from ada.models.paged_attention import page_bytes
@@ -57,8 +68,21 @@ _HOLDS = {
 _TRANSIENT = {"prefill": ("prefill_temporaries",),
               "generate": ("generate_temporaries", "gather_windows"),
               "update": ("train_batch", "update_temporaries"),
-              "handoff": ("handoff_temporaries",),
+              "handoff": ("handoff_temporaries", "old_sampler_weights", "old_prefix_caches"),
               "eval": ("eval_generate_temporaries", "gather_windows")}
+# Split runs (rl.sampler_devices = N): what each role's chips hold in every phase (the
+# sampler's decode state is born at its first fill).
+_TRAINER = ("train_params", "optimizer_state", "reference_params")
+_SPLIT_HOLDS = {
+    "trainer": dict({n: _TRAINER for n in PHASES}, save=_TRAINER + ("checkpoint_staging",)),
+    "sampler": dict({n: _SAMPLER + ("frozen_base",) for n in PHASES},
+                    init=("sampler_weights", "frozen_base"),
+                    eval=_SAMPLER + ("frozen_base", "eval_sampler_weights", "eval_decode_state",
+                                     "eval_prefix_caches"))}
+_SPLIT_TRANSIENT = {
+    "trainer": {"update": _TRANSIENT["update"], "handoff": ("handoff_temporaries",)},
+    "sampler": {"prefill": _TRANSIENT["prefill"], "generate": _TRANSIENT["generate"],
+                "handoff": ("old_sampler_weights",), "eval": _TRANSIENT["eval"]}}
 
 
 def temporaries(fig: dict | None, arguments: int) -> int:
@@ -86,13 +110,17 @@ def prefix_bound(engine, kept: int = 0) -> int:
 
 
 def resident_parts(model_cfg, train_cfg, fns, engine, eval_engine=None, kl: bool = False,
-                   kept_prompts: int = 0) -> dict[str, int]:
-    """Bytes per chip of each resident part (module doc), from abstract shapes."""
+                   kept_prompts: int = 0, split: bool = False) -> dict[str, int]:
+    """Bytes per chip of each resident part (module doc), from abstract shapes. `split`:
+    the sampler on chips of its own (under LoRA it holds the frozen base there)."""
     state = rl.abstract_state(model_cfg, train_cfg)
     params = device_bytes(state.params, fns.state_sharding.params)
     stacked = state.params
     sampler = jax.eval_shape(engine._sampling_fn, stacked)
+    frozen = lora.split(stacked)[1] if split and train_cfg.lora.rank else {}
     return {
+        "frozen_base": device_bytes(frozen, shd.param_shardings(frozen, engine.mesh)) if frozen
+        else 0,
         "train_params": params,
         "optimizer_state": device_bytes(state, fns.state_sharding) - params,
         "reference_params": params if kl else 0,
@@ -105,39 +133,63 @@ def resident_parts(model_cfg, train_cfg, fns, engine, eval_engine=None, kl: bool
     }
 
 
-def ledger(resident: dict[str, int], transient: dict[str, int], in_flight: bool,
-           hbm: float | None = None) -> dict:
+def _phases(resident: dict, transient: dict, holds: dict, transients: dict,
+            hbm: float | None) -> dict:
     """Per phase: the parts it holds (bytes per chip), their resident sum, its peak
-    (`bytes_per_chip`: resident + transient) and the peak phase. `in_flight`: cohorts stay
-    in flight through the update (rl.max_staleness >= 1, module doc)."""
-    own_eval = resident.get("eval_decode_state", 0) > 0
-    holds = dict(_HOLDS, update=_SAMPLER if in_flight else ())
-    if in_flight:
-        for name in ("handoff", "save"):  # the cohorts in flight keep their slots
-            holds[name] += ("decode_state", "prefix_caches")
-        holds["handoff"] += ("old_sampler_weights",)  # swapped between two chunks
-    elif own_eval:
-        holds["eval"] = ("sampler_weights", "eval_decode_state", "prefix_caches")  # the stream's was freed
-    resident = dict(resident, old_sampler_weights=resident["sampler_weights"])
+    (`bytes_per_chip`: resident + transient) and the peak phase."""
     phases = {}
     for name in PHASES:
-        parts = {p: resident.get(p, 0) for p in ("train_params", "optimizer_state",
-                                                 "reference_params") + holds.get(name, ())}
-        parts.update({p: transient.get(p, 0) for p in _TRANSIENT.get(name, ())})
+        parts = {p: resident.get(p, 0) for p in holds.get(name, ())}
+        parts.update({p: transient.get(p, 0) for p in transients.get(name, ())})
         parts = {p: int(b) for p, b in parts.items() if b}
         total = sum(parts.values())
         phases[name] = dict(bytes_per_chip=total, parts=parts, resident_bytes=total - sum(
-            parts.get(p, 0) for p in _TRANSIENT.get(name, ())))
+            parts.get(p, 0) for p in transients.get(name, ())))
         if hbm:
             phases[name]["fits"] = total <= hbm
     peak = max(phases, key=lambda n: phases[n]["bytes_per_chip"])
+    return dict(phases=phases, peak_phase=peak, peak_bytes=phases[peak]["bytes_per_chip"])
+
+
+def ledger(resident: dict[str, int], transient: dict[str, int], in_flight: bool,
+           hbm: float | None = None) -> dict:
+    """The colocated ledger (`_phases`). `in_flight`: cohorts stay in flight through the
+    update (rl.max_staleness >= 1, module doc)."""
+    own_eval = resident.get("eval_decode_state", 0) > 0
+    holds = dict(_HOLDS, update=_SAMPLER if in_flight else ())
+    if in_flight:
+        holds["handoff"] += ("decode_state",)  # the cohorts in flight keep their slots
+        holds["save"] += ("decode_state", "prefix_caches")
+        transient = dict(transient, old_sampler_weights=resident["sampler_weights"],
+                         old_prefix_caches=resident["prefix_caches"])
+    elif own_eval:
+        # the stream's decode state was freed
+        holds["eval"] = ("sampler_weights", "eval_decode_state", "prefix_caches")
+    holds = {name: _TRAINER + holds.get(name, ()) for name in PHASES}
+    out = _phases(resident, transient, holds, _TRANSIENT, hbm)
     # if a save's copy to the host outlasted the save into the next collection
     overlap = resident.get("checkpoint_staging", 0) + max(
-        phases[n]["bytes_per_chip"] for n in ("prefill", "generate"))
-    return dict(phases=phases, peak_phase=peak, peak_bytes=phases[peak]["bytes_per_chip"],
-                staging_beside_collection_bytes=overlap,
+        out["phases"][n]["bytes_per_chip"] for n in ("prefill", "generate"))
+    return dict(out, staging_beside_collection_bytes=overlap,
                 policy="cohorts in flight keep the sampler through the update" if in_flight
                 else "the sampler frees its decode state and weights before the update")
+
+
+def split_ledger(resident: dict[str, int], transient: dict[str, int],
+                 hbm: float | None = None) -> dict:
+    """rl.sampler_devices = N (module doc): a ledger per role, each on its own chips
+    (`meshes`: trainer, sampler), and the larger peak."""
+    resident = dict(resident, eval_sampler_weights=resident["sampler_weights"],
+                    eval_decode_state=resident["eval_decode_state"] or resident["decode_state"],
+                    eval_prefix_caches=resident["prefix_caches"])
+    transient = dict(transient, old_sampler_weights=resident["sampler_weights"])
+    meshes = {role: _phases(resident, transient, _SPLIT_HOLDS[role], _SPLIT_TRANSIENT[role], hbm)
+              for role in ("trainer", "sampler")}
+    peak = max(meshes, key=lambda r: meshes[r]["peak_bytes"])
+    return dict(meshes=meshes, peak_mesh=peak, peak_phase=meshes[peak]["peak_phase"],
+                peak_bytes=meshes[peak]["peak_bytes"],
+                policy="the sampler on chips of its own keeps its weights and decode state "
+                       "through every phase")
 
 
 def run_resident(config, model_cfg, train_mesh, sampling_mesh) -> dict:
@@ -153,14 +205,17 @@ def run_resident(config, model_cfg, train_mesh, sampling_mesh) -> dict:
     fns = rl.make_train_fns(model_cfg, tc, train_mesh)
     kept = (c.rl.max_staleness + 1) * c.data.prompts_per_step // jax.process_count()
     resident = resident_parts(model_cfg, tc, fns, engine, eval_engine, kl=tc.reference_copy,
-                              kept_prompts=kept)
+                              kept_prompts=kept, split=c.rl.sampler_devices > 0)
     return dict(resident=resident, kv_cache=c.sampling.kv_cache,
                 attention=getattr(engine, "attention", "dense"))
 
 
 def run_memory(config, sampler: dict, transient: dict | None = None,
                hbm: float | None = None) -> dict:
-    """The ledger of `config` whose resident parts are `sampler` (`run_resident`'s)."""
+    """The ledger of `config` whose resident parts are `sampler` (`run_resident`'s): per
+    phase (`phases`), or with rl.sampler_devices = N per role (`meshes`, `split_ledger`)."""
+    if config.rl.sampler_devices:
+        return dict(split_ledger(sampler["resident"], transient or {}, hbm), **sampler)
     return dict(ledger(sampler["resident"], transient or {},
                        in_flight=config.rl.max_staleness > 0, hbm=hbm), **sampler)
 

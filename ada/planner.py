@@ -400,9 +400,15 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     count the cache-sized moves between chips in them (ada.sampling.bucket_moves)."""
     run_config, config = config, plan_variant(config, "dense")
     n, first = len(devices), [d for d in devices if d.process_index == 0]
+    split = config.rl.sampler_devices
+    if split:  # as ada.meshes.role_devices: the host's last N chips sample, the others train
+        if len(first) != n or not 0 < split < n:
+            raise ConfigError(f"rl.sampler_devices={split}: a disaggregated stream runs in one "
+                              f"process on 1..{len(first) - 1} of its chips; plan one host")
+        devices, host = devices[:-split], host[-split:]
     m = config.mesh
-    train_mesh = shd.make_mesh(mesh_sizes((m.data, m.fsdp, m.tensor), n, "mesh (data, fsdp, "
-                                          "tensor)", where, exact=True), devices)
+    train_mesh = shd.make_mesh(mesh_sizes((m.data, m.fsdp, m.tensor), len(devices), "mesh "
+                                          "(data, fsdp, tensor)", where, exact=True), devices)
     data, tensor = mesh_sizes(config.sampling.mesh, len(host), "sampling.mesh",
                               f"one host of {where}", exact=False)
     mesh_on = lambda devs: shd.make_mesh((data, 1, tensor), sorted(devs, key=lambda d: d.id)
@@ -414,10 +420,10 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
                             engine.param_shardings(stacked))
     sampler = memory.run_resident(run_config, model_cfg, train_mesh, sampling_mesh)
     resident = sampler["resident"]
-    # on the chip through the rollout: the train state (a KL reference beside it) and the
-    # prompts' prefills the sampler keeps (ada/memory.py)
-    held = (resident["train_params"] + resident["optimizer_state"] + resident["reference_params"]
-            + resident["prefix_caches"])
+    # on the chip through the rollout: the train state (a KL reference beside it; not on a
+    # split run's sampler chips) and the prompts' prefills the sampler keeps (ada/memory.py)
+    held = resident["prefix_caches"] + resident["frozen_base"] + (0 if split else (
+        resident["train_params"] + resident["optimizer_state"] + resident["reference_params"]))
     if hbm:
         check_slots(engine, params, held, hbm)
     rows, seq = (config.data.prompts_per_step * config.adaptive.n,
@@ -431,7 +437,8 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
     log(f"the train step ({rows} x {seq} tokens)")
     ph["train"] = plan_train(model_cfg, tc, train_mesh, rows, seq, probe=bool(chip and train_estimate))
     log("the reshard and prefill")
-    ph["reshard"] = plan_reshard(make_engine(config, model_cfg, None, mesh_on(first),
+    ph["reshard"] = plan_reshard(make_engine(config, model_cfg, None,
+                                             mesh_on(host if split else first),
                                                    num_slots=engine.num_slots),
                                  stacked, train_mesh)
     ph["prefill"] = plan_prefill(engine, params, ops=bool(chip))
@@ -443,7 +450,8 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
 
     ph["generate"] = generate_at(engine.num_slots, ops=bool(chip))
     ph["prefill"]["held_bytes"] = ph["generate"]["held_bytes"] = held
-    ph["reshard"]["held_bytes"] = (held - resident["prefix_caches"]
+    ph["reshard"]["held_bytes"] = (resident["train_params"] + resident["optimizer_state"]
+                                   + resident["reference_params"]
                                    - ph["train"]["params_bytes"])  # it reads the params
     if hbm:
         p["max_num_slots"], p["max_num_slots_method"], checked, line = max_slots(
@@ -456,14 +464,15 @@ def make_plan(config, model_cfg, devices, host, where: str, chip: str | None,
         p["max_num_slots_peak_bytes"] = checked and checked["peak_bytes"]
         # cohorts in flight hold the sampler's cache through the update, which caps the
         # slots where its bytes follow them (the row's slot_bound: dense, not a paged pool)
-        if (run_config.rl.max_staleness > 0 and BACKENDS[run_config.sampling.kv_cache].slot_bound
+        if (run_config.rl.max_staleness > 0 and not split and BACKENDS[run_config.sampling.kv_cache].slot_bound
                 and p["max_num_slots"]):
             p["max_num_slots"] = min(p["max_num_slots"], memory.update_slots(
                 p["max_num_slots"], data, ph, resident, engine, hbm))
     p["memory"] = memory.plan_memory(run_config, sampler, ph, engine, hbm)
     if hbm:
+        ledgers = p["memory"]["meshes"].values() if split else [p["memory"]]
         p["fits"] = (all(fits(f, hbm) for f in ph.values())
-                     and all(f["fits"] for f in p["memory"]["phases"].values()))
+                     and all(f["fits"] for lg in ledgers for f in lg["phases"].values()))
     if buckets:
         paged = make_engine(plan_variant(config, "paged"), model_cfg, None, sampling_mesh)
         p["buckets"] = cache_sized_moves([engine, paged], params, lambda name: log(

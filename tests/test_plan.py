@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ada import config as cfglib
-from ada import hlo_bytes, roofline, tpu
+from ada import hlo_bytes, memory, roofline, tpu
 from ada import planner as plan
 from ada import sharding as shd
 from ada.cli.plan import Progress
@@ -160,6 +160,46 @@ def test_cpu_plan_of_a_lora_run(capsys, tmp_path):
     assert p["phases"]["reshard"]["arguments_bytes"] == t["params_bytes"]
     update = p["memory"]["phases"]["update"]["parts"]
     assert update["optimizer_state"] < update["train_params"]  # Adam for the adapters only
+
+
+def test_cpu_plan_of_a_split_run(capsys, tmp_path):
+    """rl.sampler_devices = 4 of 8: the train mesh on the first 4 chips, the sampling mesh on
+    the last 4, and the memory ledger per mesh (`memory.meshes`, ada/memory.py's
+    split_ledger): the train state (and a save's staging copy) only on the trainer's chips;
+    the sampler's weights, decode state and prefix caches only on the sampler's, through
+    every phase, with a hand-off's new weights beside the old and eval's second copy of the
+    weights, decode state and prefix caches there. Breaks if a split plan reported one
+    colocated ledger, or put a part on the other mesh's chips."""
+    rc, out, _, p = run(capsys, tmp_path, "--devices", "8", *TINY, "--config.rl.sampler_devices=4")
+    assert rc == 0
+    assert p["train_mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+    assert p["sampling_mesh"] == {"data": 4, "tensor": 1}
+    mem, res = p["memory"], p["memory"]["resident"]
+    assert set(mem["meshes"]) == {"trainer", "sampler"} and "phases" not in mem
+    trainer, sampler = (mem["meshes"][r]["phases"] for r in ("trainer", "sampler"))
+    assert set(trainer) == set(sampler) == set(memory.PHASES)
+    state = {"train_params", "optimizer_state"}
+    sampling = {"sampler_weights", "decode_state", "prefix_caches"}
+    for name in memory.PHASES:
+        t, s = set(trainer[name]["parts"]), set(sampler[name]["parts"])
+        assert state <= t and not t & (sampling | {"old_sampler_weights"}), (name, t)
+        assert not s & (state | {"checkpoint_staging"}), (name, s)
+        assert s >= (sampling if name != "init" else {"sampler_weights"}), (name, s)
+        for f in (trainer[name], sampler[name]):
+            assert f["bytes_per_chip"] == sum(f["parts"].values())
+    assert trainer["save"]["parts"]["checkpoint_staging"] == res["checkpoint_staging"] > 0
+    assert sampler["handoff"]["parts"]["old_sampler_weights"] == res["sampler_weights"] > 0
+    assert (sampler["handoff"]["resident_bytes"]
+            == sampler["handoff"]["bytes_per_chip"] - res["sampler_weights"])
+    ev = sampler["eval"]["parts"]
+    assert ev["eval_sampler_weights"] == ev["sampler_weights"]
+    assert ev["eval_prefix_caches"] == ev["prefix_caches"] == res["prefix_caches"]
+    assert set(trainer["update"]["parts"]) == state | {"train_batch", "update_temporaries"}
+    peaks = {r: max(f["bytes_per_chip"] for f in lg["phases"].values())
+             for r, lg in mem["meshes"].items()}
+    assert mem["peak_bytes"] == max(peaks.values()) == peaks[mem["peak_mesh"]]
+    assert "the trainer's chips:" in out and "the sampler's chips:" in out
+    assert f"peak: {mem['peak_phase']} on the {mem['peak_mesh']}'s chips" in out
 
 
 def test_progress_redraws_on_a_terminal_and_prints_lines_in_a_log():

@@ -146,20 +146,26 @@ def bytes_line(b: dict | None, what: str) -> str:
 
 
 def memory_lines(mem: dict, hbm: float | None) -> list[str]:
-    """The memory ledger (ada/memory.py): per phase, GiB per chip and what holds it."""
+    """The memory ledger (ada/memory.py): per phase, GiB per chip and what holds it (a split
+    run's per role, each on its own chips)."""
     gib = lambda b: f"{b / GIB:.2f}"
     out = [f"memory per chip, phase by phase ({mem['kv_cache']} cache, {mem['attention']} "
            f"attention; {mem['policy']}):"]
-    for name, ph in mem["phases"].items():
-        parts = ", ".join(f"{k.replace('_', ' ')} {gib(v)}" for k, v in sorted(
-            ph["parts"].items(), key=lambda kv: -kv[1]))
-        verdict = "" if hbm is None else "  fits" if ph["fits"] else "  DOES NOT FIT"
-        out.append(f"  {name:8s} {gib(ph['bytes_per_chip']):>7s}  {parts}{verdict}")
-    if hbm and mem["staging_beside_collection_bytes"] > hbm:
+    for role, ledger in mem.get("meshes", {"": mem}).items():
+        if role:
+            out.append(f"  the {role}'s chips:")
+        for name, ph in ledger["phases"].items():
+            parts = ", ".join(f"{k.replace('_', ' ')} {gib(v)}" for k, v in sorted(
+                ph["parts"].items(), key=lambda kv: -kv[1]))
+            verdict = "" if hbm is None else "  fits" if ph["fits"] else "  DOES NOT FIT"
+            out.append(f"  {name:8s} {gib(ph['bytes_per_chip']):>7s}  {parts}{verdict}")
+    if hbm and mem.get("staging_beside_collection_bytes", 0) > hbm:
         out.append(f"  note: a save's staging copy still on the chip when the next collection "
                    f"starts would take it to {gib(mem['staging_beside_collection_bytes'])} GiB; "
                    "the plan assumes the copy to the host ends before it")
-    out.append(f"  peak: {mem['peak_phase']} ({gib(mem['peak_bytes'])} GiB per chip)"
+    out.append(f"  peak: {mem['peak_phase']}"
+               + (f" on the {mem['peak_mesh']}'s chips" if mem.get("peak_mesh") else "")
+               + f" ({gib(mem['peak_bytes'])} GiB per chip)"
                + (f"; paged gather attention carries a dense window per layer "
                   f"({gib(mem['gather_windows_bytes'])} GiB) through generate"
                   if mem.get("gather_windows_bytes") else ""))

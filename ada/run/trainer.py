@@ -56,6 +56,9 @@ class Trainer:
         self.setup, self.observe = setup, observe or (lambda phase, step, stream: None)
         self.iterator, self.layout = prompts_and_layout(c, setup)
         train = setup.fns.init_state(setup.params)
+        # the train state holds the weights now: the Setup's initial copy would stay on a chip
+        # through the run, a copy the memory ledger (ada/memory.py) rightly does not count
+        setup.params = None
         # a copy: the train step donates the state's buffers under a mesh (LoRA's reference
         # is the frozen base inside the state: no copy)
         self.ref_params = (jax.tree.map(jnp.copy, train.params)
