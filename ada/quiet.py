@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 
 NOISY_LOGGERS = ("absl", "jax", "orbax", "fsspec", "gcsfs", "tensorflow")
@@ -27,6 +28,10 @@ def quiet_logging() -> None:
     logging.getLogger("ada").setLevel(logging.INFO)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    # a checkpoint write abandoned on a storage error (a full disk) leaves orbax's coroutine
+    # unawaited at exit: the error is ada's one line, not this
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited",
+                            category=RuntimeWarning)
 
 
 def quiet_start() -> None:

@@ -8,7 +8,7 @@ run, a second process of a multi-host pair) inherit them.
 The session folder (`ADA_TEST_HOME`) is made once by the controlling process and shared by
 its workers: it is `HOME` and the XDG cache and config folders (so ada's warm-start,
 tokenizer and pass-rate caches, matplotlib's, W&B's, TFDS' and Hugging Face's all land
-there), and it holds JAX's persistent compilation cache, so a program compiled by one test
+there), and it holds JAX's persistent compilation cache (unless one is given), so a program compiled by one test
 or one subprocess is loaded, not compiled again, by the next one that builds it (the tiny
 runs of the suite share most of theirs). It is removed when the session ends.
 `pytest_sessionfinish` fails the session when a test wrote a file under the real home
@@ -30,10 +30,11 @@ os.environ.update(
     XDG_CONFIG_HOME=os.path.join(_home, ".config"),
     XDG_DATA_HOME=os.path.join(_home, ".local", "share"),
     MPLCONFIGDIR=os.path.join(_home, ".config", "matplotlib"),
-    JAX_COMPILATION_CACHE_DIR=os.path.join(_home, "jax-compilation-cache"),
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
 )
+# .ci/run shares one cache across its passes
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_home, "jax-compilation-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -48,6 +48,7 @@ def _rows(workdir):
             for r in read_jsonl(str(workdir / "metrics.jsonl"))[1:]]
 
 
+@pytest.mark.slow
 def test_knapsack_run_logs_its_split_and_resumes_exactly(tmp_path, cache):
     """A knapsack run logs the split's metrics every step, skips prompts whose record
     predicts no signal and still trains 8 prompts a step; stopped after step 2 and resumed,
@@ -73,6 +74,7 @@ def test_knapsack_run_logs_its_split_and_resumes_exactly(tmp_path, cache):
     assert _rows(tmp_path / "resumed") == rows
 
 
+@pytest.mark.slow
 def test_knapsack_under_a_threaded_stream(tmp_path, cache):
     """k = 2 with the sampler on a thread of its own: cohorts are allocated while the trainer
     publishes memories, each from the memory of step t - 3 (a cohort that read a memory

@@ -92,6 +92,7 @@ def test_a_prompt_longer_than_the_layout_is_named():
         build_train_batch(col, np.zeros((8, 4), np.float32), FULL, lengths=(4, 5))
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_update_on_the_trimmed_batch_equals_the_full_one():
     """The same old log-probs, metrics and Adam update (two epochs of two mini-batches of

@@ -22,6 +22,7 @@ def _lines(text):
     return [ln for ln in text.strip().splitlines() if ln.strip()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row, what", [
     ('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?"\n', "line 2"),  # malformed JSON
     ('{"problem": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n', "line 2"),
@@ -88,6 +89,7 @@ def test_eval_refuses_when_every_prompt_is_too_long(tmp_path, run_dir):
     assert "num_prompts" not in r.stdout
 
 
+@pytest.mark.slow
 def test_eval_says_how_many_prompts_it_dropped(tmp_path, run_dir):
     long = "Natalia sold clips to 48 of her friends in April, and then she sold half as many " * 2
     bench = _benchmark(tmp_path / "b.jsonl", ["What is 2+2?", long, "What is 1+3?"])

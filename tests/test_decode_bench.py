@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_device_mode_runs_dense_and_paged_at_the_slots_that_fit(tmp_path):
     out = tmp_path / "dev.json"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "decode.py"),

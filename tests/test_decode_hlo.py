@@ -186,6 +186,7 @@ def test_moves_are_told_apart():
         ("copy-start", False), ("copy", True), ("copy", False), ("transpose", True)]
 
 
+@pytest.mark.slow
 def test_v5e_no_cache_moves_between_chips_in_any_bucket():
     """Every program a sampler compiles on a data 2 x tensor 2 v5e slice, dense and paged,
     for every bucket (ada.sampling.bucket_moves): generate at each window (slot bucketing

@@ -141,6 +141,7 @@ def test_prompt_id_is_a_stable_hash_of_the_id():
     assert len(ids) == 1000 and all(0 <= i < 2**32 for i in ids)
 
 
+@pytest.mark.slow
 def test_pass_rates_match_independent_completions(policy, engine, tmp_path):
     _, tok, params, _ = policy
     recs = [dict(r, prompt_tokens=encode_prompt(tok, "plain", r["problem"])) for r in problems(3)]
@@ -451,6 +452,7 @@ def test_cli_workdir_gives_the_rates_of_the_runs_pass_rate_filter(run_dir, tmp_p
     assert read_jsonl(tmp_path / "o2.jsonl") == read_jsonl(out)
 
 
+@pytest.mark.slow
 def test_template_change_invalidates_the_pass_rate_cache(run_dir, capsys, monkeypatch):
     """Another tokenizer.template: the run samples again into another cache file (its old
     one untouched), and the command refuses the old cache with one line naming it."""
@@ -490,6 +492,7 @@ def test_template_change_invalidates_the_pass_rate_cache(run_dir, capsys, monkey
     assert not out.exists() and open(run_dir["cache"], "rb").read() == before
 
 
+@pytest.mark.slow
 def test_cli_workdir_samples_with_the_latest_checkpoint(run_dir, tmp_path, capsys):
     """--workdir rebuilds the run (tokenizer, model config, template) and samples with the
     params of its latest checkpoint, not the run's initial ones; --step picks another."""

@@ -107,6 +107,7 @@ def model_logprobs(params, config, prompt, response, temperature=1.0):
     return logp[idx, np.asarray(response)]
 
 
+@pytest.mark.slow
 def test_sampled_logprobs_equal_model_log_softmax(model, sampler_engine):
     _, params, config = model
     ps = prompts(3, seed=2)
@@ -213,6 +214,7 @@ def test_bad_requests_fail_alone(model, greedy_engine):
         assert needle in msg, msg
 
 
+@pytest.mark.slow
 def test_sharded_equals_unsharded_and_temperature_logprobs(model):
     """8 CPU devices (data 2 x fsdp 2 x tensor 2) give the same tokens as 1; with temperature 0.6 the
     log-probs are those of the scaled distribution."""

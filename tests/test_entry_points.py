@@ -39,6 +39,7 @@ def _noise(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if NOISE.search(ln)]
 
 
+@pytest.mark.slow
 def test_evaluate_reads_a_gsm8k_file_quietly_and_says_what_it_used(run_dir, gsm8k_file):
     """A question/answer file through the columns training and the filter take (a dashed
     alias among them); stderr holds no library noise; the summary records the sampling it
@@ -57,6 +58,7 @@ def test_evaluate_reads_a_gsm8k_file_quietly_and_says_what_it_used(run_dir, gsm8
     assert out["max_prompt_len"] == C.load_run_config(str(run_dir)).data.max_prompt_len
 
 
+@pytest.mark.slow
 def test_difficulty_is_quiet(run_dir, tmp_path):
     """The filter's one summary line and ada's own log lines, nothing else (before: ~35 lines
     of absl / orbax INFO and libtpu's E0000 probe around them)."""

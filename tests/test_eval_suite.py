@@ -38,6 +38,7 @@ def test_weighted_average_weighs_each_benchmark_by_its_problems():
         weighted_average({"a": {"avg_at_k": 0.0, "n": 0}})
 
 
+@pytest.mark.slow
 @needs_shared
 def test_paper_suite_table_json_and_resume(run_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
     """The command on the shared files (the 1 to 4 shortest problems of each, in a test

@@ -161,11 +161,13 @@ def tree_hash(path):
 # ----------------------------------------------------------------------------- 1: signals
 
 
+@pytest.mark.slow
 def test_a_raising_reward_never_stops_the_run(reference):
     assert [r["step"] for r in reference] == list(range(STEPS + 1))
     assert sum(r["reward_failures"] for r in reference[1:]) > 0  # raised, counted, survived
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_says_how_to_resume(preempted):
     r, wd = preempted
     assert r.returncode == 143, r.stderr[-3000:]  # the "restart me" code
@@ -177,6 +179,7 @@ def test_sigterm_checkpoints_and_says_how_to_resume(preempted):
     assert step < STEPS and str(step) in os.listdir(wd / "checkpoints")
 
 
+@pytest.mark.slow
 def test_sigterm_past_the_budget_keeps_the_last_complete_checkpoint(tmp_path, env, reference):
     """checkpoint.preemption_budget_s shorter than what is left of the step and its save: the
     stop is abandoned with one line, exit 143; the checkpoint the line names is the latest
@@ -306,6 +309,7 @@ def test_a_sweep_stops_when_its_run_is_interrupted(tmp_path, env):
     assert not (tmp_path / "runs" / "seed=1").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("every", [1, 2])
 def test_ctrl_c_says_at_once_which_step_it_stops_after_and_exits_130(tmp_path, env, reference,
                                                                     every):
@@ -329,6 +333,7 @@ def test_ctrl_c_says_at_once_which_step_it_stops_after_and_exits_130(tmp_path, e
     assert complete_steps(str(tmp_path / "run" / "checkpoints"))[-1] == step  # saved
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_now(tmp_path, env, reference):
     """The second press (to the process group) during the step the first one named: at once,
     exit 130, with the line that says so; the run did not finish."""
@@ -342,6 +347,7 @@ def test_a_second_ctrl_c_stops_now(tmp_path, env, reference):
     assert read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))[-1]["step"] < STEPS
 
 
+@pytest.mark.slow
 def test_a_second_signal_exits_at_once(tmp_path, env, reference):
     """With libtpu loaded (JAX_PLATFORMS='' lets JAX start it on a CPU), whose failure-signal
     handler would dump a stack on SIGTERM: ada's handlers win. The signals come as the first
@@ -385,6 +391,7 @@ def _fill(path, leave):
                 break
 
 
+@pytest.mark.slow
 def test_full_disk_stops_with_one_line_and_a_restart_resumes(tmp_path, env, reference, preempted):
     """The preempted run resumes on a full disk: the next checkpoint cannot be written (a real
     ENOSPC from a small tmpfs; where mounting is not allowed, a real EFBIG from RLIMIT_FSIZE).
@@ -436,6 +443,7 @@ def test_full_disk_stops_with_one_line_and_a_restart_resumes(tmp_path, env, refe
             subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.slow
 def test_a_read_only_workdir_stops_with_one_line(tmp_path, env, preempted):
     """EROFS (a read-only mount; root writes anywhere else): refused before any compile."""
     _, src = preempted
@@ -542,6 +550,7 @@ def check_after_kills(root, caplog, kills=KILLS):
             assert "ignoring incomplete checkpoint" in said and f"/{at}" in said, point
 
 
+@pytest.mark.slow
 def test_a_kill_inside_a_checkpoint_save_loses_nothing(tmp_path, caplog):
     """SIGKILL at each point of a save (ADA_FAULT picks the moment; the kill is real)."""
     kill_inside_saves(tmp_path)
@@ -551,6 +560,7 @@ def test_a_kill_inside_a_checkpoint_save_loses_nothing(tmp_path, caplog):
 # ----------------------------------------------------------------------------- 4: reward workers
 
 
+@pytest.mark.slow
 def test_a_killed_reward_worker_is_replaced_and_its_item_retried(tmp_path):
     from ada.rewards.math_verifier import MathVerifier
     from ada.rewards.workers import HardTimeoutPool
@@ -590,6 +600,7 @@ def test_a_killed_reward_worker_is_replaced_and_its_item_retried(tmp_path):
 # ----------------------------------------------------------------------------- 6: non-finite
 
 
+@pytest.mark.slow
 def test_non_finite_steps_stop_the_run_and_are_never_checkpointed(tmp_path, env, reference):
     """lr 1e30: step 1's update is finite (huge weights), every later loss is NaN, so its
     updates are skipped; lr 1e39 overflows float32: step 1 makes the weights inf. (The two
@@ -627,6 +638,7 @@ def test_non_finite_steps_stop_the_run_and_are_never_checkpointed(tmp_path, env,
 # ----------------------------------------------------------------------------- 7: the run folder
 
 
+@pytest.mark.slow
 def test_resuming_with_another_model_is_refused_before_writing(tmp_path, env, preempted):
     from ada.run.saved import load_run
 
@@ -726,6 +738,7 @@ def test_serve_refuses_a_too_long_prompt_naming_the_limit():
         server.stop()
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_print_no_orbax_warning(preempted, caplog):
     import logging
 
@@ -737,6 +750,7 @@ def test_checkpoint_loads_print_no_orbax_warning(preempted, caplog):
     assert not [r for r in caplog.records if "Metadata file" in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_text_the_tokenizer_cannot_read_is_warned_once(tmp_path, preempted, capsys, caplog):
     import logging
 

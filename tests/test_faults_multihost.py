@@ -76,6 +76,7 @@ def preempted(tmp_path_factory):
     return run, [(p.returncode, err) for p, err in zip(procs, errs, strict=True)]
 
 
+@pytest.mark.slow
 def test_sigterm_on_one_host_stops_both_at_one_step(preempted):
     """Process 0 never got the signal: both stop after the same step, with one checkpoint
     both wrote, exit 143 (restart me)."""
@@ -87,6 +88,7 @@ def test_sigterm_on_one_host_stops_both_at_one_step(preempted):
                            f"{stop}); resume with: python -m ada.runner"), results[0][1][-3000:]
 
 
+@pytest.mark.slow
 def test_a_crash_in_one_process_ends_the_other_within_seconds(preempted, tmp_path):
     """The same commands resume; process 1 raises as its first step starts (ADA_FAULT=
     loop.raise@STEP): process 0, in that step's collectives, exits 1 within seconds at the
@@ -114,6 +116,7 @@ def test_a_crash_in_one_process_ends_the_other_within_seconds(preempted, tmp_pat
     assert "Traceback" not in err, err[-3000:]
 
 
+@pytest.mark.slow
 def test_a_lost_process_ends_the_other_within_the_timeout(preempted, tmp_path):
     """The run resumed; process 1 is SIGKILLed while process 0 is in its next step
     (collection or update): process 0 exits 1 within distributed.timeout_s (+ an interval,
@@ -185,6 +188,7 @@ def test_a_lost_coordinator_ends_the_others_with_one_line(tmp_path):
         "to resume from the latest checkpoint"], err[-3000:]
 
 
+@pytest.mark.slow
 def test_a_process_frozen_past_the_timeout_reports_its_own_stall(tmp_path):
     """SIGSTOP for 2 x timeout_s, then SIGCONT, once for process 1 and once for process 0 (the
     coordinator): the frozen one says it was stalled, never that its peer is lost; the peer

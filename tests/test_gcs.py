@@ -70,6 +70,7 @@ def gcs(tmp_path_factory):
     log.close()
 
 
+@pytest.mark.slow
 def test_a_gs_run_killed_or_preempted_mid_run_resumes_to_the_same_rows(gcs):
     """An uninterrupted gs:// run of 9 steps beside one SIGKILLed and one sent SIGTERM once
     step 3's row is written (step 1's checkpoint is complete by then, a later one may be in
@@ -120,6 +121,7 @@ def test_a_gs_run_killed_or_preempted_mid_run_resumes_to_the_same_rows(gcs):
     assert observed_response_len(whole) >= 1
 
 
+@pytest.mark.slow
 def test_a_kill_inside_a_gcs_save_leaves_the_previous_checkpoint(gcs, caplog):
     """On gs:// a step is complete only with orbax's commit_success.txt, written last: a kill
     before it leaves a step folder that is never restored and is removed at the next start."""

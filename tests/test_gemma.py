@@ -133,6 +133,7 @@ def test_logits_match_transformers(gemma):
         assert max_diff(ada_logits(params, shared, tokens, mask, positions), ref, mask) > 0.01
 
 
+@pytest.mark.slow
 def test_cached_forward_honours_the_window(gemma):
     """Prefill then one token at a time, under left padding and an attention window
     (attend_len), reading the cache before the step's write (the TPU's decode; the CPU's,
@@ -207,6 +208,7 @@ def test_export_round_trip(gemma, tmp_path):
     assert diff <= model_tol(ours, config)
 
 
+@pytest.mark.slow
 def test_greedy_decode_equals_transformers_generate(gemma):
     """40 greedy tokens per prompt through the decode engine (prefill buckets, slots, chunks,
     attention windows), each prompt beside others of other lengths: transformers' generate."""
@@ -356,6 +358,7 @@ def test_bad_gemma_configs_are_refused(changes, match):
 # ----------------------------------------------------------------------------- the RL loop
 
 
+@pytest.mark.slow
 def test_rl_loop_runs_on_a_gemma_checkpoint(tmp_path):
     """Two RL steps of the default config on a tiny Gemma 2 checkpoint (its own tokenizer):
     sampling through the engine, the PPO update through the soft-capped logits, a checkpoint,

@@ -45,6 +45,7 @@ async def _decode(client, request):
     return ids, "".join(text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_cache", ["dense", "paged"])
 def test_orchestrator_serves_ada_engine(monkeypatch, kv_cache):
     """Either cache: the paged one through PagedJetStreamEngine (pages of 4 tokens, every

@@ -153,6 +153,7 @@ def test_shims_are_one_call():
             assert "argparse" not in text, f"{m} parses a command line; commands live in ada/cli/"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", [*SHIMS, "ada.cli.train", "ada.cli.inspect_model", "ada.loop"])
 def test_entry_points_import_first(module):
     """Each entry point imports on its own in a fresh interpreter (what `python -m` does)."""

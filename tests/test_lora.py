@@ -39,6 +39,7 @@ def logp(params, model_cfg, batch, config=train.TrainConfig(logit_chunk=6)):
         params, batch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_step_zero_is_the_base_exactly(dtype):
     """B = 0: the adapted model's log-probs are the base's bit for bit, with the base stored
@@ -53,6 +54,7 @@ def test_step_zero_is_the_base_exactly(dtype):
     np.testing.assert_array_equal(logp(state.params, cfg, batch), logp(params0(), cfg, batch))
 
 
+@pytest.mark.slow
 def test_only_the_adapters_train_and_the_reference_is_the_base():
     """Two off-policy steps with KL: every base leaf is unchanged bit for bit, every adapter
     B has moved, Adam holds moments for the adapters alone, and ref_logp is the base's
@@ -87,6 +89,7 @@ def trained():
     return dict(params, layers=layers)
 
 
+@pytest.mark.slow
 @pytest.mark.numerics  # held to a float32 tolerance
 def test_sampler_merged_weights_equal_the_trainers_effective_weights():
     """The engine's hand-off merges W + (alpha / r) B A; the sampler's prefill logits on them
@@ -108,6 +111,7 @@ def test_sampler_merged_weights_equal_the_trainers_effective_weights():
     assert np.abs(np.asarray(base[:, -1] - want)).max() > 100 * tol
 
 
+@pytest.mark.slow
 @pytest.mark.numerics  # held to a float32 tolerance
 def test_the_adapters_in_the_decode_step_sample_what_the_merged_weights_do():
     """benchmarks/lora_decode.py's other sampler form: the base in decode form with the
@@ -137,6 +141,7 @@ def test_the_adapters_in_the_decode_step_sample_what_the_merged_weights_do():
         assert np.abs(np.subtract(m.logprobs, a.logprobs)).max() <= tol
 
 
+@pytest.mark.slow
 @pytest.mark.numerics  # held to a float32 tolerance
 def test_sharded_lora_step_equals_single_device():
     """The adapters and their moments place by ada/sharding.py's rules (A as its weight's
@@ -205,6 +210,7 @@ def test_bad_lora_knobs_are_named(key, value, match):
     assert C.train_config(cfg).lora == LoraConfig(seed=cfg.seed)
 
 
+@pytest.mark.slow
 def test_lora_run_resumes_exactly_and_refuses_another_rank_or_base(tmp_path):
     """A LoRA run stopped after step 1 and resumed ends bit for bit where the uninterrupted
     run does, metrics and checkpoint both: the checkpoint holds the adapters and their

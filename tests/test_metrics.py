@@ -4,6 +4,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from ada.metrics import (
     ONE_ROUND,
@@ -152,6 +153,7 @@ def test_one_round_methods_are_the_tables_methods_without_rounds():
     assert set(ONE_ROUND) == {name for name, m in METHODS.items() if not m.adaptive_rounds}
 
 
+@pytest.mark.slow
 def test_plot_is_titled_with_method_and_workdir_in_the_methods_words(tmp_path):
     """metrics.png's figure: the suptitle names the method and the workdir; a one-round
     method's panels say nothing of rounds or balanced selection, an adaptive method's

@@ -130,6 +130,7 @@ def _decode(params, config, tokens, mask, positions, chunks, max_len):
     return np.concatenate(outs, axis=1), cache
 
 
+@pytest.mark.slow
 def test_incremental_decode_equals_full_forward(model):
     config, params = model
     tokens, mask, positions = left_padded(config.vocab_size)
@@ -148,6 +149,7 @@ def test_incremental_decode_equals_full_forward(model):
     assert diff2 <= model_tol(full, config), diff2
 
 
+@pytest.mark.slow
 def test_decode_params_equal_stacked(model):
     """The decode form of the params (decode_params: one buffer per layer, a materialised
     [D, V] unembedding when tied) gives what the stacked params give: the cache bit for bit,
@@ -263,6 +265,7 @@ def test_positions_from_mask_brute_force():
 # ----------------------------------------------------------------------------- bfloat16
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_close_to_float32(model):
     config, params = model
     tokens, mask, positions = left_padded(config.vocab_size)

@@ -56,6 +56,7 @@ def run(engine, overlap: bool, method: str, steps: int = 2):
     return jax.device_get(state.params), metrics
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ada_balance", "grpo"])
 def test_overlap_scoring_is_bit_identical(engine, method, monkeypatch):
     calls = []

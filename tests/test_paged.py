@@ -319,6 +319,7 @@ def test_paged_decode_equals_dense_decode(family):
     assert max_logit_diff < f["tol"], (max_logit_diff, f["tol"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", DENSE_FAMILIES + ("gemma2", "gemma3"))
 def test_kernel_arguments_give_the_gather_paths_outputs(family):
     """The arguments the engine's kernel path hands ragged_paged_attention (which cannot run
@@ -493,6 +494,7 @@ def _compile_kernel_step(c, B, ps, pps, blocks):
         return fn.lower(params, state, A((B, pps), jnp.int32)).compile()
 
 
+@pytest.mark.slow
 def test_kernel_path_compiles_for_v5e():
     """A paged decode step with the Pallas kernel compiles for v5e through libtpu (ahead of
     time, abstract chips), with a pool the size of the 1.5B preset's per-chip cache (80

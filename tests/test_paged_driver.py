@@ -77,6 +77,7 @@ def assert_same(dense, paged, tol):
     return diff
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, pools, temperature", [
     ("qwen2", (0, SMALL_POOL), 0.0),
     ("qwen3", (SMALL_POOL,), 0.0),
@@ -106,6 +107,7 @@ def test_paged_driver_equals_dense_driver(family, pools, temperature):
             assert stats["prefilled_prompts"] == len(PROMPT_LENS)  # each prompt once
 
 
+@pytest.mark.slow
 def test_paged_driver_on_a_mesh_samples_as_dense():
     """On a (data 4, tensor 2) sampler mesh, the pool is split with the slots: each data
     shard holds its own 10 pages (its slots' pages only), each pool's KV heads over tensor.
@@ -172,6 +174,7 @@ def test_paged_knobs_and_their_errors():
     assert "while" in lowered.as_text()  # the chunk's scan, from abstract arguments
 
 
+@pytest.mark.slow
 def test_rl_run_with_paged_sampling(tmp_path, monkeypatch):
     """Two RL steps and an evaluation of the tiny default-style run sample through the
     paged engine (collection and held-out evaluation), never the dense one."""
@@ -194,6 +197,7 @@ def test_rl_run_with_paged_sampling(tmp_path, monkeypatch):
     assert all(np.isfinite(r["reward_mean"]) for r in rows[1:]) and chunks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheduler", ["rounds", "continuous"])
 def test_prompts_kept_across_rounds_are_prefilled_once(scheduler):
     """A collection whose prompts stay active for every round (no response is ever correct)

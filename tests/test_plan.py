@@ -36,6 +36,7 @@ def device_bytes(tree, device) -> int:
                for s in x.addressable_shards if s.device == device)
 
 
+@pytest.mark.slow
 def test_planned_bytes_equal_live_bytes_on_cpu():
     """Tolerance: exact. Arguments and outputs are whole buffers whose sizes XLA knows from
     the shardings, so the figures must equal the live shard bytes to the byte (outputs plus
@@ -101,6 +102,7 @@ def check_phases(p, exact: bool):
     assert split == t["arguments_bytes"] if exact else split <= t["arguments_bytes"]
 
 
+@pytest.mark.slow
 def test_cpu_plan(capsys, tmp_path):
     rc, out, _, p = run(capsys, tmp_path, "--devices", "8", "--hbm-gib", "0.005", *TINY,
                         "--buckets")
@@ -140,6 +142,7 @@ def test_cpu_plan(capsys, tmp_path):
     assert f"peak: {mem['peak_phase']}" in out and "memory per chip, phase by phase" in out
 
 
+@pytest.mark.slow
 def test_cpu_plan_of_a_lora_run(capsys, tmp_path):
     """model.lora.rank > 0: the plan has a full run's phases and fit fields, plus `lora`: the
     adapters' bytes (what a hand-off to a sampler on its own devices moves per update) far
@@ -228,6 +231,7 @@ def test_progress_redraws_on_a_terminal_and_prints_lines_in_a_log():
         assert ("\r\033[K" in text) == tty and text.endswith("\n")
 
 
+@pytest.mark.slow
 def test_tpu_plan_compiles_every_phase(capsys, tmp_path):
     """The real TPU compiler on an abstract v5e:2x2 slice: every phase's figures, the slot
     search and the roofline estimate. Skipped only where libtpu cannot load."""
@@ -376,6 +380,7 @@ def test_bad_input_is_one_line_before_any_compile(capsys, tmp_path, monkeypatch,
     assert err.startswith("error: ") and err.count("\n") == 1 and says in err, err
 
 
+@pytest.mark.slow
 def test_too_many_slots_say_how_many_fit(capsys, tmp_path):
     """A KV cache that fits, but not with the generate's temporaries: only compiling tells."""
     rc, out, err, p = run(capsys, tmp_path, "--devices", "8", "--hbm-gib", "0.005", *TINY,

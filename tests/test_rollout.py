@@ -114,6 +114,7 @@ def engine_for(mesh, temperature, model_cfg):
     return make_engine(c, model_cfg, Tokenizer(), temperature=temperature, max_new_tokens=10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_engine_over_four_devices_samples_as_one(temperature):
     cfg = preset("tiny", family="qwen2", vocab_size=64)

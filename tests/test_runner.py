@@ -55,7 +55,7 @@ def cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("adacache"))
 
 
-@pytest.mark.numerics
+@pytest.mark.slow
 def test_end_to_end_and_exact_resume_after_sigkill(tmp_path, cache):
     import jax
 
@@ -115,6 +115,7 @@ def test_end_to_end_and_exact_resume_after_sigkill(tmp_path, cache):
     assert run_cfg["method"] == "ada_balance"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, extra", [
     ("dapo", [("adaptive.dapo_max_batches", "3")]),
     ("ada_balance", [("adaptive.scheduler", "continuous")]),
@@ -155,6 +156,7 @@ def test_minibatch_row_order_puts_whole_prompts_in_each_minibatch():
         minibatch_row_order(6, n, 4)
 
 
+@pytest.mark.slow
 def test_kl_temperature_minibatches_and_hf_export_end_to_end(tmp_path, cache):
     """loss.kl_coef > 0 trains against the initial policy (it used to crash inside the
     jitted step: no reference log-probs were ever built), at sampling temperature 0.7 with
@@ -199,6 +201,7 @@ def test_kl_coef_below_zero_is_refused_before_any_compile(tmp_path):
         C.validate(cfg, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_run_seconds_add_up_over_a_resume_and_a_rerun_changes_no_figure(tmp_path, cache):
     """summary.json's `seconds` is the run's training time over every segment (kept in the
     checkpoint meta), `invocation_seconds` this command's. Broken, the resumed run counts only

@@ -72,6 +72,7 @@ def test_greedy_is_argmax_with_raw_logprob():
     np.testing.assert_allclose(np.asarray(logprobs), ref[np.arange(5), logits.argmax(-1)], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_row_does_not_depend_on_its_neighbours():
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.normal(size=(6, 40)), jnp.float32)

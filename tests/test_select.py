@@ -54,6 +54,7 @@ def to_arrays(rows):
     return r, v
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(rows=pools, n=st.sampled_from([2, 3, 4]), mode=st.sampled_from(["pos", "balance", "none"]),
        seed=st.integers(0, 2**16))

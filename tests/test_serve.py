@@ -94,6 +94,7 @@ def _decode(stub, request):
 _decode.metadata = []
 
 
+@pytest.mark.slow
 @needs_jetstream
 def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
     import grpc
@@ -168,6 +169,7 @@ def test_serves_a_run_like_the_driver_and_stops_cleanly(run_dir, tmp_path):
             proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 @needs_jetstream
 def test_serves_the_paged_cache(run_dir, tmp_path):
     """--kv_cache paged on a (2, 2) mesh (pages split over data with their slots): a gRPC

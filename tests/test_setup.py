@@ -64,6 +64,7 @@ def test_teacher_noise_is_validated():
             C.validate(c)
 
 
+@pytest.mark.slow
 def test_noisy_teacher_phase_continues_from_the_cached_exact_phase(tmp_path):
     import jax
     import numpy as np

@@ -148,6 +148,7 @@ def _two(cmds, env_of):
     return [(p.returncode, err) for p, (_, err) in zip(procs, outs, strict=True)]
 
 
+@pytest.mark.slow
 def test_staleness_0_is_the_synchronous_loop_in_two_processes(tmp_path):
     """Two processes (4 CPU devices each, one SPMD update over 8): the runner's stream at
     k = 0 and the synchronous rl_step loop (tests/sync_loop.py) in the same two-process
@@ -187,6 +188,7 @@ def _devices(tree) -> set:
     return {d for x in jax.tree.leaves(tree) for d in x.sharding.device_set}
 
 
+@pytest.mark.slow
 def test_a_sampler_on_devices_of_its_own(tmp_path, cache, monkeypatch):
     """rl.sampler_devices=1: the last device samples on its own thread, the first trains.
     At k = 0 that is still the synchronous loop, bit for bit. At k = 2 the sampler's weights
@@ -250,6 +252,7 @@ def test_a_sampler_on_devices_of_its_own(tmp_path, cache, monkeypatch):
     assert rows_b[3]["staleness_max"] == 0  # step 4: drawn again after the resume
 
 
+@pytest.mark.slow
 def test_a_lora_sampler_on_devices_of_its_own_gets_only_the_adapters(tmp_path, cache,
                                                                     monkeypatch):
     """rl.sampler_devices=1 under LoRA: each update hands the sampler's device only the

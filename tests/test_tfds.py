@@ -122,6 +122,7 @@ def _overrides(data_dir, **extra):
     return ov
 
 
+@pytest.mark.slow
 @needs_tfds
 def test_runner_trains_two_steps_from_tfds(tiny, tmp_path):
     from ada.cli.train import main as train_main
@@ -205,6 +206,7 @@ def test_validate_needs_a_tfds_name_and_an_existing_data_dir(tmp_path):
         C.validate(cfg)
 
 
+@pytest.mark.slow
 @needs_tfds
 def test_runner_refuses_an_unknown_split_in_one_line_before_training(tiny, tmp_path):
     data_dir, _ = tiny

@@ -60,6 +60,7 @@ def rel(a, b):
     return float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / np.linalg.norm(np.asarray(b)))
 
 
+@pytest.mark.slow
 def test_token_logp_alignment_and_chunking():
     batch = {k: jnp.asarray(v) for k, v in make_batch(1, B=4).items()}
     f = jax.jit(functools.partial(train.token_logp, model_cfg=CFG, chunk=4))
@@ -80,6 +81,7 @@ def test_token_logp_alignment_and_chunking():
     assert np.all(np.asarray(logp)[:, 0] == 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("truncate", [{}, {"top_k": 20}, {"top_p": 0.8}])
 def test_training_logp_equals_sampler_logprobs_at_temperature(truncate):
     """Responses sampled at T = 0.7 by the engine: the training log-probs of the response
@@ -112,6 +114,7 @@ def test_training_logp_equals_sampler_logprobs_at_temperature(truncate):
         np.testing.assert_allclose(logp[b, Lp:Lp + c.length], c.logprobs, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_old_logp_pass_returns_rows_in_order():
     """The strided micro-batch split and merge of the log-prob pass put rows back in place."""
     fns = train.make_train_fns(CFG, OFF_POLICY)
@@ -126,6 +129,7 @@ def _grads_fn(config):
     return jax.jit(functools.partial(train.minibatch_grads, model_cfg=CFG, config=config))
 
 
+@pytest.mark.slow
 def test_on_policy_ratio_is_one_and_loss_is_plain_policy_gradient():
     config = train.TrainConfig(loss=LossConfig(entropy_coef=0.0), logit_chunk=6)
     assert config.on_policy
@@ -148,6 +152,7 @@ def test_on_policy_ratio_is_one_and_loss_is_plain_policy_gradient():
         assert rel(g, w) < 1e-5
 
 
+@pytest.mark.slow
 def test_micro_batch_accumulation_equals_unsplit():
     """token-mean, where a per-micro-batch mean would be wrong (the other modes' additivity
     is checked on the loss alone in test_losses.py)."""
@@ -215,6 +220,7 @@ def _run(mesh, steps=3):
     return jax.tree.map(np.asarray, state.params), first, state
 
 
+@pytest.mark.slow
 def test_sharded_train_step_equals_single_device():
     p0 = jax.tree.map(np.asarray, params0())
     p1, m1, s1 = _run(None)
@@ -237,6 +243,7 @@ def test_sharded_train_step_equals_single_device():
 KL = LossConfig(kl_coef=0.1, kl_estimator="k1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [None, (2, 2, 2)])
 def test_kl_to_reference_runs_and_is_zero_at_the_reference(mesh_shape):
     """ref params == params: the first update's KL is 0. Off-policy, the one add_logps call
@@ -256,6 +263,7 @@ def test_kl_to_reference_runs_and_is_zero_at_the_reference(mesh_shape):
     assert int(state.updates) == 4 and float(m["kl"]) != 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["k1", "k3"])
 def test_kl_metric_equals_numpy_estimator(estimator):
     """After updates away from the frozen reference, the logged kl is the token mean of the
@@ -299,6 +307,7 @@ def np_adamw(params, grads, state, lr, o: OptimConfig):
                                       + o.weight_decay * params[k])
 
 
+@pytest.mark.slow
 def test_warmup_counts_rl_steps_not_optimizer_updates():
     """mini_batches=4: all four updates of RL step s use lr * min(1, (s + 1) / warmup_steps),
     checked on the logged lr and on the parameters against a NumPy AdamW."""

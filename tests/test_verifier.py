@@ -35,6 +35,7 @@ def verifier():
 
 
 # -- reference cases -------------------------------------------------------------------
+@pytest.mark.slow
 def test_reference_cases_agreement(verifier):
     rows = _jsonl(CASES)
     got = verifier.score_pairs([r["gold"] for r in rows], [r["pred"] for r in rows])
@@ -121,6 +122,7 @@ def test_table_through_the_pool_matches_in_process(verifier):
 
 
 # -- benchmark golds -------------------------------------------------------------------
+@pytest.mark.slow
 def test_benchmark_golds_verify_against_themselves(verifier):
     rows = _jsonl(BENCH / "math500.jsonl") + _jsonl(BENCH / "gsm8k_test.jsonl")
     assert len(rows) == 1819

@@ -66,6 +66,7 @@ def command(workdir, cache, *extra):
             *[f"--config.{k}={v}" for k, v in over.items()], *extra]
 
 
+@pytest.mark.slow
 def test_offline_run_resumes_the_same_wandb_run_with_each_step_once(tmp_path):
     wd, cache = str(tmp_path / "run"), str(tmp_path / "cache")
     env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true")
@@ -92,6 +93,7 @@ def test_offline_run_resumes_the_same_wandb_run_with_each_step_once(tmp_path):
     assert len(glob.glob(os.path.join(wd, "wandb", "offline-run-*"))) == 2  # one per process
 
 
+@pytest.mark.slow
 def test_missing_wandb_is_one_line_before_anything_runs(tmp_path):
     """A Python without wandb (a path entry that shadows it with an empty module that
     raises ImportError) gets one error line naming the extra, and no run directory."""
