@@ -297,6 +297,8 @@ def test_slots_are_sized_so_an_update_with_cohorts_in_flight_fits():
     engine = types.SimpleNamespace(num_slots=64)
     assert memory.update_slots(64, 4, ph, resident, engine, hbm=1000) == 24  # 250 / 10, by 4
     assert memory.update_slots(64, 4, ph, resident, engine, hbm=700) == 0
+
+
 @pytest.mark.slow
 def test_a_split_run_holds_each_meshs_ledger(tmp_path, monkeypatch):
     """rl.sampler_devices = 4 at k = 0: each role's 4 chips hold its phases of

@@ -165,6 +165,23 @@ def test_cpu_plan_of_a_lora_run(capsys, tmp_path):
     assert update["optimizer_state"] < update["train_params"]  # Adam for the adapters only
 
 
+def test_without_a_topology_it_plans_this_machines_devices(capsys, tmp_path, monkeypatch):
+    """Neither --topology nor --devices: the local devices (a GPU's on a GPU machine; here
+    conftest's 8 CPU devices) with their compiler, and the memory their runtime reports as
+    the HBM to fit (a stand-in bytes_limit here: XLA:CPU reports none). Breaks if the plan
+    falls back to fake CPU devices or ignores the devices' memory."""
+    from ada.cli import plan as plan_cli
+
+    limit = 3 * 2**30
+    monkeypatch.setattr(plan_cli, "local_devices", lambda: (jax.local_devices(), limit))
+    rc, out, _, p = run(capsys, tmp_path, *TINY, "--no_train_estimate")
+    assert rc == 0, out
+    assert p["devices"] == len(jax.local_devices()) == 8 and p["hbm_bytes"] == limit
+    assert p["where"] == "8 local cpu device(s)"
+    assert f"\n{p['model']} on 8 local cpu device(s): 8 devices" in out
+    assert p["fits"] is True and p["memory"]["peak_bytes"] < limit
+
+
 def test_cpu_plan_of_a_split_run(capsys, tmp_path):
     """rl.sampler_devices = 4 of 8: the train mesh on the first 4 chips, the sampling mesh on
     the last 4, and the memory ledger per mesh (`memory.meshes`, ada/memory.py's

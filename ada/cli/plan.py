@@ -32,6 +32,13 @@ from ada.planner import GIB, check_config, fits, make_plan
 from ada.tpu import CHIPS, SliceError, parse_topology, tpu_devices
 
 
+def local_devices() -> tuple[list, float | None]:
+    """This process's devices (a GPU's, a TPU VM's, or the CPU) and each one's memory as its
+    runtime reports it (None where it reports none: the CPU)."""
+    devices = jax.local_devices()
+    return devices, (devices[0].memory_stats() or {}).get("bytes_limit")
+
+
 def cpu_devices(n: int) -> list:
     if n < 1:
         raise ConfigError(f"--devices {n}: give 1 or more fake CPU devices")
@@ -176,8 +183,8 @@ def report(p: dict, hbm: float | None, explain_top: int = 0) -> str:
     """The plan as text; `explain_top`: and the heaviest op groups of the decode step and the
     prefill (`--explain`)."""
     gib = lambda b: "-" if b is None else f"{b / GIB:.2f}"
-    out = [f"{p['model']} on {p['topology'] or 'CPU'}: {p['devices']} devices, {p['hosts']} "
-           f"host(s) of {p['chips_per_host']}; train mesh {p['train_mesh']}, sampling mesh per "
+    out = [f"{p['model']} on {p['where']}: {p['devices']} devices, {p['hosts']} host(s)"
+           f" of {p['chips_per_host']}; train mesh {p['train_mesh']}, sampling mesh per "
            f"host {p['sampling_mesh']}",
            f"{'GiB/device':47s} {'args':>7s} {'out':>7s} {'temp':>7s} {'peak':>7s} {'+ held':>7s}"]
     if lo := p.get("lora"):
@@ -285,9 +292,11 @@ def main(argv=None) -> int:
     ap = cli_args.Parser(prog="python -m ada.plan", description=planner.__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=DEFAULT_CONFIG, help="configs/FILE.py[:arg]")
-    on = ap.add_mutually_exclusive_group(required=True)
-    on.add_argument("--topology", help="a TPU slice, e.g. v5e:4x4: the real TPU compiler")
-    on.add_argument("--devices", type=int, help="N fake CPU devices: XLA:CPU")
+    on = ap.add_mutually_exclusive_group()  # neither: this machine's own devices
+    on.add_argument("--topology", help="a TPU slice, e.g. v5e:4x4: the real TPU compiler "
+                    "(no TPU needed)")
+    on.add_argument("--devices", type=int, help="N fake CPU devices: XLA:CPU (default: this "
+                    "machine's devices, a GPU's or a TPU VM's, with their compiler and memory)")
     ap.add_argument("--model", help="a known model's shapes (ada/models/known.py) instead")
     ap.add_argument("--hbm_gib", type=float, help="HBM to compare with (default: the chip's)")
     ap.add_argument("--json", help="write the plan to this file")
@@ -313,14 +322,22 @@ def main(argv=None) -> int:
         if args.hbm_gib is not None and args.hbm_gib <= 0:
             raise ConfigError(f"--hbm_gib {args.hbm_gib:g}: give the GiB per chip, above 0")
         hbm = (args.hbm_gib or (CHIPS[chip][1] if chip else 0)) * GIB or None
-        with contextlib.suppress(RuntimeError):  # this machine's backend: the TPUs only compile
-            jax.config.update("jax_platforms", "cpu")
-        devices, host = tpu_devices(args.topology) if chip else (cpu_devices(args.devices),) * 2
+        if chip or args.devices is not None:
+            with contextlib.suppress(RuntimeError):  # the host's backend: the TPUs only compile
+                jax.config.update("jax_platforms", "cpu")
+        if chip:
+            (devices, host), where = tpu_devices(args.topology), args.topology
+        elif args.devices is not None:
+            devices = host = cpu_devices(args.devices)
+            where = f"{args.devices} CPU devices"
+        else:
+            devices, limit = local_devices()
+            host, hbm = devices, hbm or limit
+            where = f"{len(devices)} local {devices[0].device_kind} device(s)"
         progress = Progress()
         try:
-            p = make_plan(config, model_cfg, devices, host, args.topology or f"{args.devices} "
-                          "CPU devices", chip, hbm, progress, not args.no_train_estimate,
-                          args.buckets)
+            p = make_plan(config, model_cfg, devices, host, where, chip, hbm, progress,
+                          not args.no_train_estimate, args.buckets)
         finally:
             progress.close()
     except (ConfigError, SliceError) as e:
@@ -329,7 +346,7 @@ def main(argv=None) -> int:
     if args.run and p.get("paged") and p["paged"]["mean_from"] == "sampling.mean_response_len":
         p["paged"]["mean_from"] = f"observed over the last steps of {args.run}"
     p.update(model=args.model or os.path.basename(config.model.path.rstrip("/"))
-             or f"{config.model.preset} {model_cfg.family}", topology=args.topology,
+             or f"{config.model.preset} {model_cfg.family}", topology=args.topology, where=where,
              config=args.config, overrides=dict(overrides), hbm_bytes=hbm, chip=chip and dict(
                  zip(("name", "peak_flops", "hbm_gib", "bytes_per_s"), (chip, *CHIPS[chip]),
                      strict=True)))
