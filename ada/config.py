@@ -41,6 +41,7 @@ from ada import methods, paths
 from ada.adaptive.allocation import AllocConfig
 from ada.adaptive.collect import CollectConfig
 from ada.data.sources import BAD_ROW_POLICIES
+from ada.envs import EnvConfig
 from ada.errors import ConfigError, fail  # noqa: F401 (fail: for the commands)
 from ada.knobs import RENAMED, base_config, describe, leaves  # noqa: F401 (describe: for the CLI)
 from ada.methods import METHODS
@@ -441,6 +442,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
              f"data x tensor = {nd} (data=-1: all of them)"
              + (f" or rl.sampler_devices={used}" if 0 < used < nd else ""))
     problems.extend(kv_cache_problems(config))
+    build("env", EnvConfig, lambda: EnvConfig(**_fields(config.env, EnvConfig)))
     e = config.eval
     need(e.samples >= 1, f"eval.samples={e.samples} must be >= 1")
     for k in e.pass_k:

@@ -32,9 +32,10 @@ RENAMED = {
 
 
 # Knobs (a key, or a section ending in '.') a resume may change: recorded, never refused.
+# (env.sandbox_url: where the python tool's code runs, which a restarted pod may move.)
 SAFE_ON_RESUME = ("train.steps", "eval.", "log.", "checkpoint.", "distributed.",
                   "warmstart.cache_dir", "data.eval_path", "data.num_eval",
-                  "optim.max_skipped_in_row")
+                  "optim.max_skipped_in_row", "env.sandbox_url")
 # Knobs whose change makes the checkpoint mean something else (its params' shapes and
 # vocabulary, the optimizer state's tree, the data-iterator position): refused on resume.
 HELD_BY_CHECKPOINT = ("seed", "method", "model.", "tokenizer.", "optim.", "data.", "warmstart.",

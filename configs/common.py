@@ -137,6 +137,17 @@ def base() -> ml_collections.ConfigDict:
     c.rl.max_staleness = 0  # k: a trained token lags the policy by at most k versions
     c.rl.sampler_devices = 0  # 0 = colocated (turns on every device); N = this process's last N devices sample on their own thread, the others train (sampling.mesh must span the N: data x tensor = N, or data=-1)
 
+    # Tools in an episode (ada/envs: ada.envs.EnvConfig, field for field): the policy's turn
+    # ends at a tool call, the tool's output is appended, the policy goes on until it answers.
+    c.env = ml_collections.ConfigDict()
+    c.env.tools = ""  # comma-separated tools: calculator, python; '' = no tools (one turn per response, as before)
+    c.env.tool_format = "qwen"  # qwen (<tool_call> JSON, Qwen2.5/Qwen3 chat) | tags (<calc>12*34</calc>, the tiny model)
+    c.env.max_turns = 4  # policy turns per episode at most (a call in the last one is not run)
+    c.env.max_tool_output_tokens = 256  # a tool's output is cut to this many tokens
+    c.env.max_total_tokens = 0  # prompt + policy + tool tokens of an episode at most; 0 = no cap of the env's own
+    c.env.tool_timeout_s = 10.0  # wall-clock seconds a tool call may run (the python tool's CPU limit too)
+    c.env.sandbox_url = ""  # python tool: '' = a local sandboxed subprocess; a SandboxFusion URL = run there
+
     # The optimizer (AdamW): ada.rl.optimizer.OptimConfig, field for field.
     c.optim = ml_collections.ConfigDict()
     c.optim.lr = 1e-6  # learning rate (constant after warm-up)

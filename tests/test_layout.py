@@ -4,8 +4,8 @@ only in ada/cli/.
 Layers, bottom up (a module imports only from its own layer or below, at module level or
 inside a function):
 
-  foundations   errors, tokenizer, templates, models, data, rewards, sharding, meshes,
-                metrics, checkpoint, ... (anything not listed in LAYERS)
+  foundations   errors, tokenizer, templates, models, data, rewards, envs, sharding,
+                meshes, metrics, checkpoint, ... (anything not listed in LAYERS)
   core          sampling, adaptive, rl, warmstart (pure functions and their jitted forms)
   method        methods (the table), rollout (sampling for the loop), evaluation
   config        config (loads and validates a whole run: reads the method table)
