@@ -1,8 +1,9 @@
 """The decode-backend contract (ada/sampling/contract.py) is binding: both engines (the dense
 Engine, the PagedEngine) have every member `DecodeEngine` names and both host halves
 (DenseSlots, PagedSlots) every member `SlotBackend` names, each method with the contract's
-parameters; and a backend's counts come back from `fill` / `run_chunk` as `ChunkStats`,
-which the Driver adds up (Driver.counts, Driver.stats).
+parameters; and a backend's counts come back from `fill` / `run_chunk` / `extend` (a
+multi-turn request's appended observation) as `ChunkStats`, which the Driver adds up
+(Driver.counts, Driver.stats).
 
 What failing looks like: a member the contract gains and one backend lacks (or renames, or
 takes other arguments for), or a backend that writes the Driver's counters instead of
@@ -60,11 +61,10 @@ def test_both_engines_and_host_halves_have_every_member_of_the_contract(drivers,
             assert parameters(getattr(type(impl), n)) == parameters(fn), (type(impl).__name__, n)
 
 
-@pytest.mark.parametrize("name", ["Engine", "PagedEngine"])
-def test_the_driver_adds_up_the_counts_its_backend_returns(drivers, name):
-    driver = drivers[name]
-    backend, returned = driver.backend, []
-    fill, run_chunk = backend.fill, backend.run_chunk
+def counted(backend) -> list:
+    """The ChunkStats `backend`'s fill, run_chunk and extend return from now on."""
+    returned = []
+    fill, run_chunk, extend = backend.fill, backend.run_chunk, backend.extend
 
     def counted_fill():
         returned.append(fill())
@@ -75,7 +75,18 @@ def test_the_driver_adds_up_the_counts_its_backend_returns(drivers, name):
         returned.append(stats)
         return out, stats
 
-    backend.fill, backend.run_chunk = counted_fill, counted_chunk
+    def counted_extend(appends):
+        returned.append(extend(appends))
+        return returned[-1]
+
+    backend.fill, backend.run_chunk, backend.extend = counted_fill, counted_chunk, counted_extend
+    return returned
+
+
+@pytest.mark.parametrize("name", ["Engine", "PagedEngine"])
+def test_the_driver_adds_up_the_counts_its_backend_returns(drivers, name):
+    driver = drivers[name]
+    returned = counted(driver.backend)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 60, n).tolist() for n in (5, 9)]
     done = driver.generate_all([Request(p, prompt_id=i % 2, sample_idx=i // 2)
@@ -89,3 +100,30 @@ def test_the_driver_adds_up_the_counts_its_backend_returns(drivers, name):
     stats = driver.stats()
     assert (stats["prefill_calls"], stats["chunks"], stats["computed_token_steps"]) == (
         total.prefills, total.chunks, total.computed_token_steps)
+
+
+@pytest.mark.parametrize("cls", [Engine, PagedEngine])
+def test_the_driver_adds_up_the_appends_its_backend_returns(cls):
+    """Multi-turn requests (half the ids end a turn): each observation appended once, by the
+    backend's `extend`, counted in what it returns and in Driver.stats."""
+    config = preset("tiny").replace(num_layers=1)
+    engine = cls(config, **dict(ENGINE, max_new_tokens=16), turn_end_ids=tuple(range(256, 512)))
+    driver = Driver(engine, random_params(config), step_key=3)
+    returned = counted(driver.backend)
+    for i in range(2):
+        driver.submit(Request([5 + i] * 7, prompt_id=i, max_new_tokens=4))
+    extends = 0
+    while driver.busy():
+        for c in driver.step():
+            assert c.finish_reason != "error", c.error
+            if c.finish_reason == "turn" and c.turn == 0:
+                driver.extend(c.seq, [9, 10])
+                extends += 1
+            elif c.finish_reason == "turn":
+                driver.end(c.seq)
+    total = sum(returned, ChunkStats())
+    assert extends and driver.counts == total
+    assert 1 <= total.appends <= extends and total.appended_tokens == 2 * extends
+    stats = driver.stats()
+    assert (stats["append_prefills"], stats["appended_tokens"], stats["extend_calls"]) == (
+        total.appends, 2 * extends, extends)

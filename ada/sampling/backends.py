@@ -76,12 +76,14 @@ def eval_sampling(config) -> dict | None:
 
 
 def make_engine(config, model_cfg, tokenizer, mesh=None, *, temperature: float | None = None,
-                max_new_tokens: int | None = None, num_slots: int | None = None):
+                max_new_tokens: int | None = None, num_slots: int | None = None,
+                turn_end_ids: tuple[int, ...] = ()):
     """The one sampler factory (training, evaluation, pass rates, serving, the planner): the
     engine `config.sampling` describes, for prompts of data.max_prompt_len tokens. `mesh`:
     default this process's `sampling_mesh`; the planner passes abstract TPU chips. Without a
     tokenizer it stops at no EOS id (the planner: no compiled shape depends on them).
     temperature, max_new_tokens and num_slots default to the sampling section's.
+    turn_end_ids: the ids that end a multi-turn request's turn (ada/sampling/turns.py).
     sampling.kv_cache=paged gives a paged.PagedEngine, which the Driver runs with the same
     contract (docs/paged.md); its decode attention at sampling.paged_attention=auto is
     `paged_config.auto_attention`'s for the devices' platform."""
@@ -104,6 +106,7 @@ def make_engine(config, model_cfg, tokenizer, mesh=None, *, temperature: float |
             max_new_tokens=s.max_new_tokens if max_new_tokens is None else max_new_tokens,
             sampling=SamplingConfig(temperature=temperature, top_k=s.top_k, top_p=s.top_p),
             eos_ids=tuple(tokenizer.eos_ids) if tokenizer is not None else (),
+            turn_end_ids=tuple(turn_end_ids),
             chunk_size=s.chunk_size, mesh=mesh, max_prefill_rows=s.max_prefill_rows,
             num_windows=s.num_windows, min_prompt_bucket=min(16, prompt_len),
             **backend.knobs(s, platform, model_cfg))

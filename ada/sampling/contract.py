@@ -14,9 +14,22 @@ their base class (engine_base.EngineBase: the argument checks, the weight hand-o
 decode state born sharded), the prompt and row buckets (slots.pow2_buckets, bucket_for),
 the sampler layout and the per-backend choices (engine.sampler_layout, backend_choices),
 and the decode step's sampling and stop rules (samplers.sample_and_stop). A backend's
-counts come back to the Driver as `ChunkStats` from `fill` and `run_chunk`; the Driver adds
-them up. tests/test_contract.py holds both pairs to every member named here, and to the
-signatures of the methods.
+counts come back to the Driver as `ChunkStats` from `fill`, `run_chunk` and `extend`; the
+Driver adds them up.
+
+Multi-turn requests (an engine's `turn_end_ids`): a slot that draws a turn-end id stops on
+the device like one that draws an EOS, but the Driver parks it (Completion finish_reason
+"turn"): the backend keeps what it holds (dense cache rows, pages) while other slots
+decode. It stays in `running` with `parked` set: not decoded; the dense backend compacts it
+as any other slot, the paged one preempts it first (it then waits off its slot for its
+observation). `extend`
+appends tokens to such slots (the caller's observation, `Driver.extend`, or a restarted
+request's whole context after its prompt) without prefilling what is cached, and resumes
+them: the next token is drawn from the logits after the last appended one, with the key of
+its index among the request's tokens (`generated` counts on over turns).
+
+tests/test_contract.py holds both pairs to every member named here, and to the signatures
+of the methods.
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ class DecodeEngine(Protocol):
     cache_len: int  # positions a slot can hold (prompt bucket + max_new_tokens)
     chunk_size: int  # decode steps per generate call
     eos_ids: tuple[int, ...]
+    turn_end_ids: tuple[int, ...]  # end a turn, the slot kept (module docstring); () none
 
     def prepare_params(self, params) -> Any:
         """The weights in sampling form on the engine's mesh (taken as they are if already)."""
@@ -65,7 +79,8 @@ class DecodeEngine(Protocol):
 class SlotBackend(Protocol):
     """The host side: admits the Driver's queued requests into slots and runs chunks. It
     sees the Driver only through `head`, `admit`, `start`, `requeue`, `move`,
-    `lowest_free_slot`, `idle_slots` and the read-only `running` and `queued`."""
+    `lowest_free_slot`, `idle_slots`, `context_of` and the read-only `running` and
+    `queued`."""
 
     state: Any  # the engine's decode state, made when first read (`LazyState`)
 
@@ -81,8 +96,15 @@ class SlotBackend(Protocol):
         """One generate chunk: (host (tokens, logprobs, valid, active) [slots, K], its
         counts), or (None, no counts) when no request is left running (all preempted)."""
 
+    def extend(self, appends: dict[int, list[int]]) -> ChunkStats:
+        """Append appends[slot]'s token ids after what each slot's cache holds and resume it
+        (a slot parked or just started; `running[slot].stop_counts` are its request's
+        `generated` and `max_new` on resuming); returns the append prefills it made. A
+        backend that cannot make room for one (paged) `requeue`s it instead."""
+
     def release(self, slot: int) -> None:
-        """A request in `slot` finished: give back what it held."""
+        """A request in `slot` finished (or was ended while parked): give back what it
+        held."""
 
     def compact(self) -> None:
         """With the queue empty: move running requests so the next chunk is cheaper."""
@@ -105,6 +127,8 @@ class ChunkStats:
     chunks: int = 0
     computed_token_steps: int = 0  # slots a chunk ran x its decode steps
     attended_positions: int = 0  # cache positions a chunk attended to (its window)
+    appends: int = 0  # extend calls (multi-turn appends)
+    appended_tokens: int = 0  # tokens they prefilled
 
     def __add__(self, other: ChunkStats) -> ChunkStats:
         return ChunkStats(*(a + b for a, b in zip(dataclasses.astuple(self),
@@ -115,6 +139,11 @@ class ChunkStats:
         """One prefill call of these prompts (token lists)."""
         return ChunkStats(prefills=1, prefilled_prompts=len(prompts),
                           prefilled_tokens=sum(map(len, prompts)))
+
+    @staticmethod
+    def append(appends) -> ChunkStats:
+        """One extend call of these appends (token lists)."""
+        return ChunkStats(appends=1, appended_tokens=sum(map(len, appends)))
 
 
 def host_chunk(chunk, slots: int) -> tuple[tuple, ChunkStats]:

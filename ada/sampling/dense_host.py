@@ -1,6 +1,7 @@
 """The Driver's host side over the dense Engine (the contract: contract.SlotBackend): a
 prefix LRU of prefilled prompts, refills by insert_many, chunks on the smallest slot bucket
-holding every running request, and tail compaction. `Engine.driver_backend` builds it; its
+holding every running request, multi-turn appends into a parked slot's rows (`extend`), and
+tail compaction (parked slots move like running ones). `Engine.driver_backend` builds it; its
 paged counterpart is paged_host.PagedSlots."""
 
 from __future__ import annotations
@@ -110,10 +111,19 @@ class DenseSlots(LazyState):
         its counts."""
         d = self.d
         b = bucket_for(max(d.running) + 1, self.engine.slot_buckets)
-        filled = max(s.prompt_bucket + len(s.tokens) for s in d.running.values())
+        filled = max(s.filled for s in d.running.values() if not s.parked)
         self.state, chunk = self.engine.generate(d.params, self.state, num_slots=b,
                                                  filled=filled)
         return host_chunk(chunk, b)
+
+    def extend(self, appends: dict[int, list[int]]) -> ChunkStats:
+        """Append each slot's tokens into its cache rows at its write position (one extend
+        call, engine.Engine.extend) and resume it; the rows never run out (Driver.extend
+        checked the room)."""
+        d = self.d
+        self.state = self.engine.extend(d.params, self.state, appends,
+                                        [d.running[slot].stop_counts for slot in appends])
+        return ChunkStats.append(list(appends.values()))
 
     def compact(self) -> None:
         """Move the highest busy slots into the lowest free ones when that lets the next

@@ -19,7 +19,15 @@ above the engine's cap) do not raise: they come back from the next `step()` as a
 Completion with finish_reason "error" and a message; everything else keeps running.
 
 finish_reason: "eos" (an EOS id was sampled; it is the last of token_ids, not in text),
-"length" (max_new_tokens reached), "error".
+"length" (max_new_tokens reached), "turn" (a turn-end id was sampled, the engine's
+`turn_end_ids`: it is the last of token_ids and in text; the request is parked), "error".
+
+Multi-turn requests (ada/sampling/turns.py): a request whose turn ends at a turn-end id (a
+tool call's end marker) leaves the decode loop parked: it keeps its slot and cache, is not
+decoded, and is `busy()`, while every other slot keeps decoding. `extend(seq, token_ids)`
+appends the tool's observation to its cache at the next step (no re-prefill of what is
+cached) and resumes it; its next Completion (same seq) holds that turn's tokens. `end(seq)`
+frees a parked request.
 
 Steps 1, 2 and 4 touch the device state, which belongs to the driver's backend, the
 engine's `driver_backend` (the contract: ada/sampling/contract.py): `dense_host.DenseSlots` (the
@@ -48,6 +56,7 @@ import jax
 import numpy as np
 
 from ada.sampling.contract import ChunkStats, DecodeEngine, SlotBackend
+from ada.sampling.turns import Turns
 
 
 class Detokenizer(Protocol):
@@ -72,7 +81,7 @@ class Completion:
     token_ids: list[int]
     text: str
     logprobs: list[float]  # the policy's, untruncated by top-k / top-p (samplers.py)
-    finish_reason: str  # "eos" | "length" | "error"
+    finish_reason: str  # "eos" | "length" | "turn" | "error"
     prompt_tokens: list[int]
     error: str | None = None
     seq: int = -1  # submission number, from Driver.submit
@@ -80,6 +89,11 @@ class Completion:
     # drawn from; a response that spans a weight update (ada/stream.py) has two, the first
     # token after the update still of the old ones (drawn from the chunk before's logits)
     versions: list[int] = dataclasses.field(default_factory=list)
+    turn: int = 0  # the turn of its request these tokens are (multi-turn: Driver.extend)
+    # a whole trajectory (ada/trajectory.py): 1 on the policy's tokens, 0 on the
+    # environment's (tool output, not trained); None: every token is the policy's
+    policy_mask: list[int] | None = None
+    episode: Any = None  # its env's counters (ada/envs/base.py EpisodeStats)
 
     @property
     def length(self) -> int:
@@ -91,15 +105,38 @@ class _Slot:
     request: Request
     seq: int
     prompt_bucket: int  # cache positions its prompt fills; generated tokens follow
-    tokens: list[int] = dataclasses.field(default_factory=list)
+    budget: int  # this turn's max new tokens
+    tokens: list[int] = dataclasses.field(default_factory=list)  # this turn's
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
     # the version of the logits its next token is drawn from: the prefill's, then each
     # chunk's last forward pass (a chunk's first token comes from the chunk before)
     logits_version: int = 0
+    # multi-turn: after the prompt its cache holds `context` (earlier turns' tokens and the
+    # observations after them), the first `cached` of it on the device already
+    context: list[int] = dataclasses.field(default_factory=list)
+    cached: int = 0
+    before: int = 0  # tokens it drew in earlier turns: this turn's keys count on from here
+    turn: int = 0
+    parked: bool = False
+
+    @property
+    def filled(self) -> int:
+        """Cache positions written: the prompt's, the cached context, this turn's tokens."""
+        return self.prompt_bucket + self.cached + len(self.tokens)
+
+    @property
+    def end(self) -> int:
+        """Cache positions this turn may reach."""
+        return self.prompt_bucket + len(self.context) + self.budget
+
+    @property
+    def stop_counts(self) -> tuple[int, int]:
+        """The device's (generated, max_new) for it on resuming after an append."""
+        return self.before, self.before + self.budget
 
 
-class Driver:
+class Driver(Turns):
     """Continuous batching over `engine` with `params`.
 
     Args:
@@ -131,7 +168,10 @@ class Driver:
         self.set_step_key(step_key)
         self._queue: collections.deque[tuple[int, Request]] = collections.deque()
         self._errors: list[Completion] = []
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, _Slot] = {}  # running and parked requests
+        self._carry: dict[int, _Slot] = {}  # seq -> a queued restart's turns so far
+        self._parked_off: dict[int, _Slot] = {}  # seq -> parked, its slot preempted
+        self.extend_calls = self.appended_tokens = self.turns = 0
         self._free = list(range(engine.num_slots))
         heapq.heapify(self._free)
         self._seq = itertools.count()
@@ -180,8 +220,8 @@ class Driver:
     def close(self) -> None:
         """Abandon every queued and running request and free the chips (`release`): a run
         that ends leaves no decode state or weights behind it."""
-        self._queue.clear()
-        self._slots.clear()
+        for held in (self._queue, self._slots, self._carry, self._parked_off):
+            held.clear()
         self.release()
 
     def key_of(self, request: Request):
@@ -233,7 +273,8 @@ class Driver:
         """Refill, run one jitted chunk, return the responses that finished."""
         done, self._errors = self._errors, []
         self.counts += self.backend.fill()
-        if self._slots:
+        self._append()
+        if self._live():
             done.extend(self._run_chunk())
         if not self._queue:
             self.backend.compact()
@@ -244,7 +285,7 @@ class Driver:
         seqs = [self.submit(r) for r in requests]
         where = {seq: i for i, seq in enumerate(seqs)}
         results: list[Completion | None] = [None] * len(requests)
-        while self._queue or self._slots or self._errors:
+        while self._queue or self._live() or self._errors:
             for c in self.step():
                 if c.seq in where:
                     results[where[c.seq]] = c
@@ -263,13 +304,14 @@ class Driver:
             "prefilled_prompts": n.prefilled_prompts,
             "prefilled_tokens": n.prefilled_tokens,
             "carried_tokens": self.carried_tokens,
+            **self.turn_stats(),
             "compiles": self.engine.compiles(),
             **self.backend.stats(),
         }
 
     def busy(self) -> bool:
-        """Requests queued or running."""
-        return bool(self._queue or self._slots)
+        """Requests queued, running or parked."""
+        return bool(self._queue or self._slots or self._parked_off)
 
     # -- what a backend reads and changes (DenseSlots, paged_host.PagedSlots) ------
     # A backend reads the queue and the running requests; these calls are the only ways
@@ -301,15 +343,21 @@ class Driver:
     def start(self, slot: int, seq: int, request: Request, filled: int) -> None:
         """Record an admitted request running in `slot` (its cache holds `filled`
         positions)."""
-        self._slots[slot] = _Slot(request=request, seq=seq, prompt_bucket=filled,
-                                  logits_version=self.version)
+        s = self._carry.pop(seq, None)  # a restarted multi-turn request: its context follows
+        if s is None:
+            s = _Slot(request=request, seq=seq, prompt_bucket=filled,
+                      budget=self.max_new(request))
+        s.prompt_bucket, s.logits_version = filled, self.version
+        self._slots[slot] = s
 
     def requeue(self, slot: int) -> None:
         """A preempted request: its slot is free, the request back at the queue's front
-        (restarted from scratch: its tokens depend only on the request and their index)."""
+        (restarted from scratch: its tokens depend only on the request and their index). A
+        multi-turn one keeps its earlier turns (appended again after its prompt, `extend`)
+        and draws this turn again; a parked one waits off-slot for its `extend`."""
         s = self._slots.pop(slot)
         heapq.heappush(self._free, slot)
-        self._queue.appendleft((s.seq, s.request))
+        self._restart(s)
 
     def lowest_free_slot(self) -> int | None:
         return self._free[0] if self._free else None
@@ -336,6 +384,8 @@ class Driver:
         done = []
         for slot in sorted(self._slots):
             s = self._slots[slot]
+            if s.parked:
+                continue
             keep = valid[slot]
             s.tokens.extend(tokens[slot][keep].tolist())
             s.logprobs.extend(logprobs[slot][keep].tolist())
@@ -344,9 +394,13 @@ class Driver:
             n = int(np.sum(keep))
             s.versions.extend([s.logits_version] * min(n, 1) + [self.version] * (n - 1))
             s.logits_version = self.version
-            if not active[slot]:
-                eos = bool(s.tokens) and s.tokens[-1] in self.engine.eos_ids
-                done.append(self._finish(slot, "eos" if eos else "length"))
+            if not active[slot] and not s.parked:
+                last = s.tokens[-1] if s.tokens else None
+                if last in self.engine.turn_end_ids and last not in self.engine.eos_ids:
+                    done.append(self._park(slot))
+                else:
+                    done.append(self._finish(slot, "eos" if last in self.engine.eos_ids
+                                             else "length"))
         return done
 
     def _decode(self, ids: list[int]) -> str:
@@ -359,13 +413,22 @@ class Driver:
         return self.tokenizer.decode([i for i in ids if n is None or 0 <= i < n])
 
     def _finish(self, slot: int, reason: str) -> Completion:
+        return self._completion(self._vacate(slot), reason)
+
+    def _vacate(self, slot: int) -> _Slot:
+        """Free `slot` (its request done or ended) and what the backend held for it."""
         s = self._slots.pop(slot)
         heapq.heappush(self._free, slot)
         self.backend.release(slot)
+        return s
+
+
+    def _completion(self, s: _Slot, reason: str) -> Completion:
+        """The Completion of `s`'s turn so far (its tokens counted as useful steps)."""
         ids = s.tokens
         text = self._decode(ids[:-1] if reason == "eos" else ids)
         self.useful_token_steps += len(ids)
         return Completion(prompt_id=s.request.prompt_id, sample_idx=s.request.sample_idx,
                           token_ids=ids, text=text, logprobs=s.logprobs,
                           finish_reason=reason, prompt_tokens=list(s.request.prompt_tokens),
-                          seq=s.seq, versions=s.versions)
+                          seq=s.seq, versions=s.versions, turn=s.turn)

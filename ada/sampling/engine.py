@@ -15,8 +15,13 @@ the model's KV cache:
             the slot's logits, then run the model on the sampled token). No host round trip
             inside the chunk; the host looks at the [b, K] tokens once per chunk.
 
-Each slot stops on the device at an EOS id or at its max new tokens (its later tokens come
-back with valid=False); the driver (driver.py) only reads that off.
+Each slot stops on the device at an EOS id, a turn-end id or at its max new tokens (its later
+tokens come back with valid=False); the driver (driver.py) only reads that off.
+
+  extend    a multi-turn request (`turn_end_ids`): after its turn ended at a turn-end id its
+            slot keeps its cache, inactive; `extend` appends the observation's tokens at
+            the slot's write index and RoPE position (one prefill of those tokens only,
+            slots.extend_fn) and resumes it from the logits after the last one.
 
 Randomness: token i of request (prompt_id, sample_idx) is drawn with
 fold_in(fold_in(fold_in(step_key, prompt_id), sample_idx), i), so a response does not
@@ -80,6 +85,7 @@ from ada.sampling.slots import (
     DecodeState,
     Prefix,
     bucket_for,
+    extend_fn,
     insert_fn,
     insert_many_fn,
     move_fn,
@@ -131,6 +137,19 @@ def backend_choices(platform: str) -> BackendChoices:
                           paged_attention="kernel" if platform == "tpu" else "gather")
 
 
+def check_stop_ids(eos_ids, turn_end_ids, config: ModelConfig, problems: list) -> tuple:
+    """The engines' EOS and turn-end ids as int tuples; ids outside the vocabulary go to
+    `problems`."""
+    out = []
+    for name, ids in (("eos_ids", eos_ids), ("turn_end_ids", turn_end_ids)):
+        ids = tuple(int(e) for e in ids)
+        bad = [e for e in ids if not 0 <= e < config.vocab_size]
+        if bad:
+            problems.append(f"{name} {bad} are outside the vocabulary [0, {config.vocab_size})")
+        out.append(ids)
+    return tuple(out)
+
+
 def sampler_layout(config: ModelConfig, num_slots: int, mesh) -> tuple[BackendChoices, int]:
     """A sampler's backend choices (from its devices' platform) and the number of shards its
     [slots, V] logits' vocabulary is split into on `mesh` (samplers.inverse_cdf)."""
@@ -158,12 +177,12 @@ def prefill_fn(params, tokens_NxP, mask_NxP, *, config: ModelConfig) -> Prefix:
 
 def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
                 eos_ids: tuple[int, ...], window: int | None = None, vocab_shards: int = 1,
-                read_then_write: bool = False):
+                read_then_write: bool = False, turn_end_ids: tuple[int, ...] = ()):
     """Sample one token per slot from its logits, then run the model on it (attending to
     cache positions [0, window) only). vocab_shards: the logits' vocabulary shards
     (samplers.inverse_cdf); read_then_write: ada.models.forward's."""
     tokens_B, logprobs_B, valid_B, generated, active = sample_and_stop(
-        state, sampling, eos_ids, vocab_shards)
+        state, sampling, eos_ids, vocab_shards, turn_end_ids)
     logits, cache = forward(
         params, config, tokens_B[:, None], state.positions[:, None], valid_B[:, None],
         state.cache, attend_len=window, read_then_write=read_then_write,
@@ -183,7 +202,8 @@ def decode_step(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
 def generate_fn(params, state: DecodeState, *, config: ModelConfig, sampling: SamplingConfig,
                 eos_ids: tuple[int, ...], num_steps: int, num_slots: int,
                 window: int | None = None, constrain=None, vocab_shards: int = 1,
-                read_then_write: bool = False) -> tuple[DecodeState, Chunk]:
+                read_then_write: bool = False, turn_end_ids: tuple[int, ...] = ()
+                ) -> tuple[DecodeState, Chunk]:
     """K = num_steps decode steps for the first num_slots slots under lax.scan, attending
     to cache positions [0, window) (every live slot must end the chunk inside it)."""
     part = take_rows(state, num_slots) if num_slots < state.active.shape[0] else state
@@ -191,7 +211,7 @@ def generate_fn(params, state: DecodeState, *, config: ModelConfig, sampling: Sa
     def body(s, _):
         return decode_step(params, s, config=config, sampling=sampling, eos_ids=eos_ids,
                            window=window, vocab_shards=vocab_shards,
-                           read_then_write=read_then_write)
+                           read_then_write=read_then_write, turn_end_ids=turn_end_ids)
 
     part, (tok_KxB, lp_KxB, valid_KxB) = jax.lax.scan(body, part, None, length=num_steps)
     new_state = put_rows(state, part)
@@ -215,6 +235,9 @@ class Engine(EngineBase):
       max_new_tokens: the cap on any request's new tokens (sets the cache length).
       sampling: the SamplingConfig (static: one compile per setting).
       eos_ids: token ids that end a response (on the device).
+      turn_end_ids: token ids that end a turn of a multi-turn request (a tool call's end
+        marker): the slot stops there on the device and keeps its cache until the Driver
+        extends it (`extend`) or ends it. () (the default): the programs are those without.
       chunk_size: K, decode steps per `generate` call.
       max_prefill_rows: the most prompts one prefill call takes (row buckets are the
         powers of two up to it).
@@ -234,24 +257,22 @@ class Engine(EngineBase):
     def __init__(self, config: ModelConfig, *, num_slots: int, max_prompt_len: int,
                  max_new_tokens: int, sampling: SamplingConfig | None = None, eos_ids=(),
                  chunk_size: int = 8, min_prompt_bucket: int = 16, mesh: Mesh | None = None,
-                 slot_bucketing: bool = True, max_prefill_rows: int = 8, num_windows: int = 4):
+                 slot_bucketing: bool = True, max_prefill_rows: int = 8, num_windows: int = 4,
+                 turn_end_ids=()):
         problems = []
         for name, value in (("num_slots", num_slots), ("max_prompt_len", max_prompt_len),
                             ("max_new_tokens", max_new_tokens), ("chunk_size", chunk_size),
                             ("num_windows", num_windows)):
             if int(value) <= 0:
                 problems.append(f"{name}={value} must be positive")
-        eos_ids = tuple(int(e) for e in eos_ids)
-        bad_eos = [e for e in eos_ids if not 0 <= e < config.vocab_size]
-        if bad_eos:
-            problems.append(f"eos_ids {bad_eos} are outside the vocabulary [0, {config.vocab_size})")
+        eos_ids, turn_end_ids = check_stop_ids(eos_ids, turn_end_ids, config, problems)
         if problems:
             raise ValueError("invalid Engine settings: " + "; ".join(problems))
         self.config = config
         self.num_slots = int(num_slots)
         self.max_new_tokens = int(max_new_tokens)
         self.sampling = sampling = sampling or SamplingConfig()
-        self.eos_ids = eos_ids
+        self.eos_ids, self.turn_end_ids = eos_ids, turn_end_ids
         self.chunk_size = int(chunk_size)
         self.mesh = mesh
         self.prompt_buckets = pow2_buckets(min(min_prompt_bucket, max_prompt_len), max_prompt_len)
@@ -278,10 +299,15 @@ class Engine(EngineBase):
         self._insert = jax.jit(functools.partial(insert_fn), donate_argnums=(1,))
         self._insert_many = jax.jit(functools.partial(insert_many_fn), donate_argnums=(1,))
         self.insert_buckets = pow2_buckets(1, self.num_slots)
+        self.append_buckets = pow2_buckets(self.prompt_buckets[0], self.cache_len)
+        self._extend = jax.jit(functools.partial(
+            extend_fn, config=config, constrain=self._constrain if mesh is not None else None),
+            donate_argnums=(1,))
         self._move = jax.jit(functools.partial(move_fn), donate_argnums=(0,))
         self.choices, self.vocab_shards = sampler_layout(config, self.num_slots, mesh)
         self._generate = jax.jit(
             functools.partial(generate_fn, config=config, sampling=sampling, eos_ids=eos_ids,
+                              turn_end_ids=turn_end_ids,
                               constrain=self._constrain if mesh is not None else None,
                               vocab_shards=self.vocab_shards,
                               read_then_write=self.choices.read_then_write),
@@ -392,13 +418,28 @@ class Engine(EngineBase):
                   else bucket_for(min(filled + K, self.cache_len), self.window_buckets))
         return self._generate(params, state, num_steps=K, num_slots=b, window=window)
 
+    def extend(self, params, state: DecodeState, appends: dict, counts: list) -> DecodeState:
+        """Append appends[slot] (token ids) to each slot's cache and resume it
+        (slots.extend_fn); counts[i]: (generated, max_new) of the i-th slot's request, its
+        tokens so far and its turn's end. Rows and lengths padded to power-of-two buckets."""
+        slots, n = list(appends), len(appends)
+        N = bucket_for(n, self.insert_buckets)
+        T = bucket_for(max(map(len, appends.values())), self.append_buckets)
+        tokens, lens = np.zeros((N, T), np.int32), np.zeros((N,), np.int32)
+        slot_ids = np.full((N,), self.num_slots, np.int32)  # padding rows: no slot
+        gen, max_new = np.zeros((2, N), np.int32)
+        for i, slot in enumerate(slots):
+            tokens[i, :len(appends[slot])], lens[i] = appends[slot], len(appends[slot])
+            slot_ids[i], (gen[i], max_new[i]) = slot, counts[i]
+        return self._extend(params, state, tokens, lens, slot_ids, gen, max_new)
+
     def move(self, state: DecodeState, src: int, dst: int) -> DecodeState:
         return self._move(state, jnp.int32(src), jnp.int32(dst))
 
     def compiles(self) -> dict[str, int]:
         """Compilations made so far, per function (jit's own cache sizes)."""
         out = {}
-        for name in ("init", "prefill", "insert", "insert_many", "move", "generate"):
+        for name in ("init", "prefill", "insert", "insert_many", "extend", "move", "generate"):
             fn = getattr(self, f"_{name}")
             out[name] = int(fn._cache_size())
         return out
@@ -409,4 +450,5 @@ class Engine(EngineBase):
                 "insert": len(self.prompt_buckets) * len(self.row_buckets),
                 "insert_many": (len(self.prompt_buckets) * len(self.row_buckets)
                                 * len(self.insert_buckets)),
+                "extend": len(self.insert_buckets) * len(self.append_buckets),
                 "move": 1, "generate": len(self.slot_buckets) * len(self.window_buckets)}

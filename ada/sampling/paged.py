@@ -13,6 +13,10 @@ runs it through paged_host.PagedSlots (`driver_backend`), which owns the page al
   generate  K decode steps under lax.scan for every slot, reading the page table the host
             passes each chunk (its width bucketed: a chunk gathers only the pages its slots
             can reach), sampling as engine.decode_step does (same keys, same stop rules).
+  extend    a parked multi-turn request's observation (or a restarted one's context):
+            its tokens written into the slot's own pages after its last token (the host
+            grows them first; the prompt's shared pages are not touched), the slot resumed
+            from the logits after the last one (docs/paged.md, "Multi-turn requests").
 
 Sequences are unpadded: slot b's token i sits at position i, its RoPE position too, so the
 logits equal the dense cache's (left-padded, positions from the mask) up to float rounding
@@ -45,6 +49,7 @@ from ada.models.transformer import ModelConfig, project_logits
 from ada.sampling.engine import (
     Chunk,
     bucket_for,
+    check_stop_ids,
     pow2_buckets,
     sampler_layout,
 )
@@ -52,7 +57,7 @@ from ada.sampling.engine_base import EngineBase
 from ada.sampling.paged_host import PagedSlots
 from ada.sampling.pages import full_reservation_pages, min_pool_pages
 from ada.sampling.samplers import SamplingConfig, sample_and_stop
-from ada.sampling.slots import request_key
+from ada.sampling.slots import request_key, resume_slots
 
 
 @struct.dataclass
@@ -99,6 +104,25 @@ def attach_fn(state: PagedState, logits_NxV, src_C, dst_C, slots_I, rows_I, leng
         keys=state.keys.at[slots_I].set(keys))
 
 
+def extend_fn(params, state: PagedState, tokens_NxT, counts_N, table_NxW, slots_N, generated_N,
+              max_new_N, *, config: ModelConfig, on_shards=None, constrain=None) -> PagedState:
+    """Append counts_N[i] tokens (row i, right-padded) to slot slots_N[i] after its
+    lengths (table_NxW: its page-table row, the pages already grown) and resume it: its
+    logits after its last appended token, `generated` / `max_new` the request's tokens so
+    far and its turn's end, active. Rows with slot >= B (and no tokens, a null row) are
+    padding: nothing written."""
+    B = state.active.shape[0]
+    rows = jnp.minimum(slots_N, B - 1)
+    kv = PagedKV(pages=state.pages, page_table=table_NxW, lengths=state.lengths[rows])
+    hidden, kv = paged_forward(params, config, tokens_NxT, kv, counts_N, return_hidden=True,
+                               on_shards=on_shards)
+    last = jnp.take_along_axis(hidden, jnp.maximum(counts_N - 1, 0)[:, None, None], axis=1)
+    logits = project_logits(params, config, last)[:, 0]
+
+    return resume_slots(state.replace(pages=kv.pages), slots_N, constrain, logits=logits,
+                        lengths=kv.lengths, generated=generated_N, max_new=max_new_N)
+
+
 def stop_fn(state: PagedState, stop_B) -> PagedState:
     """Deactivate the slots where stop_B is True (preempted: their pages go back to the
     allocator, their rows of the page table become null)."""
@@ -107,12 +131,13 @@ def stop_fn(state: PagedState, stop_B) -> PagedState:
 
 def decode_step(params, state: PagedState, page_table_BxW, windows=None, *,
                 config: ModelConfig, sampling: SamplingConfig, eos_ids: tuple[int, ...],
-                attention: str = "gather", blocks=None, vocab_shards: int = 1, on_shards=None):
+                attention: str = "gather", blocks=None, vocab_shards: int = 1, on_shards=None,
+                turn_end_ids: tuple[int, ...] = ()):
     """engine.decode_step over pages: sample each active slot's token, run the model on it
     (the gather path over the chunk's `windows`, paged_attention.gather_window). Returns
     (state, windows, (tokens, logprobs, valid))."""
     tokens_B, logprobs_B, valid_B, generated, active = sample_and_stop(
-        state, sampling, eos_ids, vocab_shards)
+        state, sampling, eos_ids, vocab_shards, turn_end_ids)
     kv = PagedKV(pages=state.pages, page_table=page_table_BxW, lengths=state.lengths)
     logits, kv, *written = paged_forward(
         params, config, tokens_B[:, None], kv, valid_B.astype(jnp.int32), attention=attention,
@@ -125,7 +150,8 @@ def decode_step(params, state: PagedState, page_table_BxW, windows=None, *,
 def generate_fn(params, state: PagedState, page_table_BxW, *, config: ModelConfig,
                 sampling: SamplingConfig, eos_ids: tuple[int, ...], num_steps: int,
                 attention: str = "gather", blocks=None, vocab_shards: int = 1,
-                constrain=None, on_shards=None, gather=gather_window) -> tuple[PagedState, Chunk]:
+                constrain=None, on_shards=None, gather=gather_window,
+                turn_end_ids: tuple[int, ...] = ()) -> tuple[PagedState, Chunk]:
     """num_steps decode steps under lax.scan; every live slot's pages must already hold
     its tokens after the chunk (the host grows them first). The gather path reads each
     slot's window, `gather`ed once for the chunk (on each shard where the pool is split)."""
@@ -136,7 +162,8 @@ def generate_fn(params, state: PagedState, page_table_BxW, *, config: ModelConfi
         s, w = carry
         s, w, out = decode_step(params, s, page_table_BxW, w, config=config, sampling=sampling,
                                 eos_ids=eos_ids, attention=attention, blocks=blocks,
-                                vocab_shards=vocab_shards, on_shards=on_shards)
+                                vocab_shards=vocab_shards, on_shards=on_shards,
+                                turn_end_ids=turn_end_ids)
         return (s, w), out
 
     (state, _), (tok, lp, valid) = jax.lax.scan(body, (state, windows), None, length=num_steps)
@@ -215,13 +242,17 @@ class PagedEngine(EngineBase):
                  max_new_tokens: int, page_size: int = 16, num_pages: int = 0,
                  sampling: SamplingConfig | None = None, eos_ids=(), chunk_size: int = 8,
                  min_prompt_bucket: int = 16, max_prefill_rows: int = 8, num_windows: int = 4,
-                 mesh: Mesh | None = None, attention: str = "gather", blocks=None):
+                 mesh: Mesh | None = None, attention: str = "gather", blocks=None,
+                 turn_end_ids=()):
         if attention not in ("auto", "gather", "kernel"):
             raise ValueError(f"attention={attention!r} is not one of auto, gather, kernel")
+        problems = []
+        self.eos_ids, self.turn_end_ids = check_stop_ids(eos_ids, turn_end_ids, config, problems)
+        if problems:
+            raise ValueError("invalid PagedEngine settings: " + "; ".join(problems))
         self.config, self.num_slots, self.page_size = config, int(num_slots), int(page_size)
         self.max_new_tokens, self.chunk_size, self.mesh = int(max_new_tokens), int(chunk_size), mesh
         self.sampling = sampling or SamplingConfig()
-        self.eos_ids = tuple(int(e) for e in eos_ids)
         self.prompt_buckets = pow2_buckets(min(min_prompt_bucket, max_prompt_len), max_prompt_len)
         self.max_prompt_len = self.prompt_buckets[-1]
         self.pages_per_slot = -(-(self.max_prompt_len + self.max_new_tokens) // self.page_size)
@@ -252,6 +283,7 @@ class PagedEngine(EngineBase):
                                                              self.shard_pages - 1 - need)
         self.row_buckets = pow2_buckets(1, max(1, min(int(max_prefill_rows), slots_per_shard)))
         self.insert_buckets = pow2_buckets(1, self.num_slots)
+        self.append_buckets = pow2_buckets(self.prompt_buckets[0], self.cache_len)
         step = -(-self.pages_per_slot // int(num_windows))
         self.window_buckets = tuple(sorted({min(step * i, self.pages_per_slot)
                                             for i in range(1, int(num_windows) + 1)}))
@@ -274,9 +306,13 @@ class PagedEngine(EngineBase):
                                 donate_argnums=(1,))
         self._attach = jax.jit(functools.partial(attach_fn, copy=copy), donate_argnums=(0,))
         self._stop = jax.jit(functools.partial(stop_fn), donate_argnums=(0,))
+        self._extend = jax.jit(functools.partial(
+            extend_fn, config=config, on_shards=attend,
+            constrain=self._constrain if mesh is not None else None), donate_argnums=(1,))
         self._generate = jax.jit(
             functools.partial(generate_fn, config=config, sampling=self.sampling,
-                              eos_ids=self.eos_ids, attention=self.attention, blocks=blocks,
+                              eos_ids=self.eos_ids, turn_end_ids=self.turn_end_ids,
+                              attention=self.attention, blocks=blocks,
                               vocab_shards=self.vocab_shards, on_shards=attend, gather=gather,
                               constrain=self._constrain if mesh is not None else None),
             static_argnames=("num_steps",), donate_argnums=(1,))
@@ -379,6 +415,28 @@ class PagedEngine(EngineBase):
             taken[sh] += 1
         return n, at
 
+    def extend(self, params, state: PagedState, page_table, appends: dict,
+               counts: list) -> PagedState:
+        """Append appends[slot] (token ids) after each slot's tokens, in pages the host has
+        grown for them, and resume it (extend_fn); counts[i]: (generated, max_new) of the
+        i-th slot's request. Rows laid out per data shard as `prefill`'s, lengths padded to
+        a power-of-two bucket, the page table cut to the window bucket that holds them."""
+        slots = list(appends)
+        n, rows = self._shard_blocks([s * self.pool_shards // self.num_slots for s in slots],
+                                     self.insert_buckets)
+        N = self.pool_shards * n
+        T = bucket_for(max(map(len, appends.values())), self.append_buckets)
+        ends = [int(page_table[s].astype(bool).sum()) * self.page_size for s in slots]
+        W = self.window_pages(max(ends), 0)
+        tokens, lens = np.zeros((N, T), np.int32), np.zeros((N,), np.int32)
+        table = np.zeros((N, W), np.int32)
+        slot_ids = np.full((N,), self.num_slots, np.int32)  # padding rows: no slot
+        gen, max_new = np.zeros((2, N), np.int32)
+        for row, slot, (g, m) in zip(rows, slots, counts, strict=True):
+            tokens[row, :len(appends[slot])], lens[row] = appends[slot], len(appends[slot])
+            table[row], slot_ids[row], gen[row], max_new[row] = page_table[slot, :W], slot, g, m
+        return self._extend(params, state, tokens, lens, table, slot_ids, gen, max_new)
+
     def stop(self, state: PagedState, slots) -> PagedState:
         """Deactivate these slots (one compile for any number of them)."""
         mask = np.zeros((self.num_slots,), bool)
@@ -403,4 +461,4 @@ class PagedEngine(EngineBase):
     def compiles(self) -> dict[str, int]:
         """Compilations made so far, per function (jit's own cache sizes)."""
         return {name: int(getattr(self, f"_{name}")._cache_size())
-                for name in ("init", "prefill", "attach", "stop", "generate")}
+                for name in ("init", "prefill", "attach", "stop", "extend", "generate")}

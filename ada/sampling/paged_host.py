@@ -20,6 +20,11 @@ which queued requests enter and which running ones leave.
              from scratch with the same tokens (token i's key depends only on the request
              and i). Then one jitted chunk over every slot, reading the first W columns of
              the page table.
+  extend     a multi-turn request's appended tokens (its observation, or a restart's
+             context): its own pages grown for them (cached prompts released first where
+             short; a slot that still cannot grow is requeued), then one PagedEngine.extend.
+             Parked slots do not grow, and are preempted before any running slot (docs/paged.md,
+             "Multi-turn requests").
   release    a finished slot's pages go back to the pool (`free`).
 
 Data shards. Where the engine splits its pool over the data shards of its mesh
@@ -89,20 +94,24 @@ class PagedSlots(LazyState):
     def _queued_keys(self) -> set:
         return {(r.prompt_id, tuple(r.prompt_tokens)) for r in self.d.queued()}
 
-    def _place(self, prompt, n: int, max_new: int, new: dict) -> tuple[int, bool, bool]:
+    def _place(self, prompt, n: int, max_new: int, new: dict,
+               extra: int = 0) -> tuple[int, bool, bool]:
         """The data shard the queue's head enters, as (shard, prefilled there, fits now):
         a shard with a free slot where its prompt is cached and it fits; else the one with
         the most free pages where it fits with a new prefill; else where to make room (its
-        prompt's shard, or the one with the most free pages)."""
+        prompt's shard, or the one with the most free pages). extra: tokens it appends
+        after its prompt on starting (a restarted multi-turn request's context)."""
         a, e = self.alloc, self.engine
+        lookahead = None if e.lookahead is None else e.lookahead + extra
+        max_new += extra
         free = sorted({a.shard_of(s) for s in self.d.idle_slots()})
         cached = [s for s in free if prompt + (s,) in self._prompts or prompt + (s,) in new]
         for s in cached:
-            if a.can_admit(n, max_new, prefilled=True, lookahead=e.lookahead, shard=s):
+            if a.can_admit(n, max_new, prefilled=True, lookahead=lookahead, shard=s):
                 return s, True, True
         roomy = sorted(free, key=lambda s: (-a.free_pages(s), s))
         for s in roomy:
-            if s not in cached and a.can_admit(n, max_new, lookahead=e.lookahead, shard=s):
+            if s not in cached and a.can_admit(n, max_new, lookahead=lookahead, shard=s):
                 return s, False, True
         s = cached[0] if cached else roomy[0]
         return s, s in cached, False
@@ -116,8 +125,8 @@ class PagedSlots(LazyState):
         while (head := d.head()) is not None:
             seq, r = head
             prompt = (r.prompt_id, tuple(r.prompt_tokens))
-            n, mnt = len(r.prompt_tokens), d.max_new(r)
-            shard, cached, fits = self._place(prompt, n, mnt, new)
+            n, (h, mnt) = len(r.prompt_tokens), d.context_of(seq, r)
+            shard, cached, fits = self._place(prompt, n, mnt, new, h)
             key = prompt + (shard,)
             if not fits:
                 needed = self._queued_keys() if needed is None else needed
@@ -131,7 +140,7 @@ class PagedSlots(LazyState):
             if not cached:
                 new[key] = a.alloc_prompt(n, shard)
             pp = new[key] if key in new else self._prompts[key][0]
-            ahead = mnt if e.lookahead is None else min(e.lookahead, mnt)
+            ahead = h + (mnt if e.lookahead is None else min(e.lookahead, mnt))
             starts.append((slot, seq, r, key, mnt, a.attach(slot, pp, ahead)))
             pinned.add(key)
             self._order[slot], self._admitted = self._admitted, self._admitted + 1
@@ -178,33 +187,70 @@ class PagedSlots(LazyState):
         active) and its counts, or None when no request is left running."""
         d, e, a = self.d, self.engine, self.alloc
         K = e.chunk_size
-        demands = {slot: min(s.prompt_bucket + len(s.tokens) + K,
-                             s.prompt_bucket + d.max_new(s.request))
+        # a parked slot does not grow, and is preempted before any running one (its pages
+        # are idle): it looks younger than every running slot
+        demands = {slot: s.filled if s.parked else min(s.filled + K, s.end)
                    for slot, s in d.running.items()}
         short = collections.Counter()
         for s, t in demands.items():
             short[a.shard_of(s)] += max(0, a.pages_for(t) - int(a.num_held[s]))
-        needed = None
-        for shard, pages in short.items():  # cached prompts go before a running request
-            others = False  # does, those no queued request needs first
-            while pages > a.free_pages(shard):
-                needed = self._queued_keys() if needed is None else needed
-                if not self._evict(shard, set(), needed, others=others):
-                    if others:
-                        break
-                    others = True
-        victims = grow_or_preempt(a, demands, self._order)
-        if victims:
-            self.state = e.stop(self.state, victims)
-            for slot in victims:  # youngest first: the oldest ends at the queue's front
-                del self._order[slot]
-                d.requeue(slot)
-            self.preemptions += len(victims)
-        if not d.running:
+        for shard, pages in short.items():
+            self._free_up(shard, pages)
+        late = self._admitted + 1
+        order = {s: self._order[s] + late * x.parked for s, x in d.running.items()}
+        self._preempt(grow_or_preempt(a, demands, order), freed=True)
+        live = [s for s in d.running.values() if not s.parked]
+        if not live:
             return None, ChunkStats()
-        filled = max(s.prompt_bucket + len(s.tokens) for s in d.running.values())
+        filled = max(s.filled for s in live)
         self.state, chunk = e.generate(d.params, self.state, a.table, filled)
         return host_chunk(chunk, e.num_slots)
+
+    def extend(self, appends: dict[int, list[int]]) -> ChunkStats:
+        """Grow each slot's own pages for its appended tokens, oldest admission first (cached
+        prompts released first where its shard is short), then append them all in one call
+        (PagedEngine.extend; the prompt's shared pages are never written). A slot that still
+        cannot grow is preempted: requeued with its context, restarted when it fits."""
+        d, a = self.d, self.alloc
+        fits, victims = {}, []
+        for slot in sorted(appends, key=self._order.__getitem__):
+            tokens = d.running[slot].filled + len(appends[slot])
+            self._free_up(a.shard_of(slot), a.pages_for(tokens) - int(a.num_held[slot]))
+            if a.grow(slot, tokens):
+                fits[slot] = appends[slot]
+            else:
+                victims.append(slot)
+        self._preempt(victims, freed=False)
+        if not fits:
+            return ChunkStats()
+        self.state = self.engine.extend(d.params, self.state, a.table, fits,
+                                        [d.running[slot].stop_counts for slot in fits])
+        return ChunkStats.append(list(fits.values()))
+
+    def _free_up(self, shard: int, pages: int) -> None:
+        """Release cached prompts of `shard` until it has `pages` free pages or none is left:
+        cached prompts go before a running request does, those no queued request needs
+        first."""
+        needed, others = None, False
+        while pages > self.alloc.free_pages(shard):
+            needed = self._queued_keys() if needed is None else needed
+            if not self._evict(shard, set(), needed, others=others):
+                if others:
+                    return
+                others = True
+
+    def _preempt(self, victims: list[int], freed: bool) -> None:
+        """Stop the victims on the device and requeue them in this order (youngest first:
+        the oldest ends at the queue's front); `freed`: their pages are back already."""
+        if not victims:
+            return
+        self.state = self.engine.stop(self.state, victims)
+        for slot in victims:
+            if not freed:
+                self.alloc.free(slot)
+            del self._order[slot]
+            self.d.requeue(slot)
+        self.preemptions += len(victims)
 
     def release(self, slot: int) -> None:
         self.alloc.free(slot)

@@ -151,19 +151,23 @@ def policy_logprob(logits_BxV: jax.Array, tokens_B: jax.Array, temperature: floa
 
 
 def sample_and_stop(state, sampling: SamplingConfig, eos_ids: tuple[int, ...],
-                    vocab_shards: int = 1):
+                    vocab_shards: int = 1, turn_end_ids: tuple[int, ...] = ()):
     """One decode step's sampling and stop rules, the same for every KV cache: each slot's
     token drawn from its logits with its request's key folded with the tokens it has
     generated (so a token does not depend on the slot or the batch), then whether the slot
-    stays active (it drew, the token is no EOS, it is under its max_new). `state` has
-    `logits`, `keys`, `generated`, `max_new` and `active`. Returns (tokens, logprobs: the
-    policy's untruncated ones (module doc), valid: the slots that drew, generated, active)."""
+    stays active (it drew, the token is no EOS and no turn-end id, it is under its max_new).
+    A turn-end id (a tool call's end marker) stops the slot like an EOS; the host tells them
+    apart by the last token (Driver: finish_reason "turn", the slot parked). `generated`
+    counts every token the request drew, over all its turns. `state` has `logits`, `keys`,
+    `generated`, `max_new` and `active`. Returns (tokens, logprobs: the policy's untruncated
+    ones (module doc), valid: the slots that drew, generated, active)."""
     keys = jax.vmap(jax.random.fold_in)(state.keys, state.generated)
     tokens_B, logprobs_B = sample(state.logits, keys, sampling, vocab_shards=vocab_shards)
     if not sampling.greedy and (sampling.top_k or sampling.top_p < 1.0):
         logprobs_B = policy_logprob(state.logits, tokens_B, sampling.temperature)
     valid_B = state.active
     generated = state.generated + valid_B.astype(jnp.int32)
-    is_eos = (jnp.isin(tokens_B, jnp.asarray(eos_ids, jnp.int32)) if eos_ids
+    stop_ids = tuple(eos_ids) + tuple(turn_end_ids)
+    is_eos = (jnp.isin(tokens_B, jnp.asarray(stop_ids, jnp.int32)) if stop_ids
               else jnp.zeros_like(valid_B))
     return tokens_B, logprobs_B, valid_B, generated, valid_B & ~is_eos & (generated < state.max_new)

@@ -1,15 +1,18 @@
 """The decode state's slots: what prefill hands over (`Prefix`), what each decode step
 reads and writes (`DecodeState`, every field slot-major), and the pure functions that fill
-(`insert_fn`, `insert_many_fn`), move and cut its slots. Jitted by `Engine` (engine.py).
+(`insert_fn`, `insert_many_fn`), extend (`extend_fn`: a multi-turn request's appended
+observation), move and cut its slots. Jitted by `Engine` (engine.py).
 Also the power-of-two buckets every compiled shape is rounded to (both caches)."""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ada.models.transformer import KVCache
+from ada.models.transformer import KVCache, forward, project_logits
 
 
 @struct.dataclass
@@ -80,6 +83,53 @@ def insert_many_fn(prefix: Prefix, state: DecodeState, slots_I, rows_I, step_key
         return insert_fn(prefix, st, slots_I[i], rows_I[i], keys_I[i], max_new_I[i])
 
     return jax.lax.fori_loop(0, slots_I.shape[0], body, state)
+
+
+def extend_fn(params, state: DecodeState, tokens_NxT, counts_N, slots_N, generated_N, max_new_N,
+              *, config, constrain=None) -> DecodeState:
+    """Append counts_N[i] tokens (tokens_NxT's row i, right-padded) to slot slots_N[i]'s
+    cache at its write index and RoPE position, and resume it: its logits become those after
+    its last appended token, `generated` / `max_new` the request's tokens so far and its
+    turn's end, active. Nothing already cached is computed again. The slots' rows are taken
+    into a cache T positions longer (the padding's writes land past S, never clamped back
+    onto cached entries) and put back cut to S; rows with slot >= B are padding (computed on
+    the last slot's row, written nowhere)."""
+    B, T = state.active.shape[0], tokens_NxT.shape[1]
+    rows = jnp.minimum(slots_N, B - 1)
+    sc, S = state.cache, state.cache.max_len
+
+    def grown(x):  # [N, K, S + T, Hd]
+        return jnp.pad(x[rows], ((0, 0), (0, 0), (0, T), (0, 0)))
+
+    cache = KVCache(k=tuple(map(grown, sc.k)), v=tuple(map(grown, sc.v)),
+                    valid=jnp.pad(sc.valid[rows], ((0, 0), (0, T))), end=sc.end[rows])
+    mask = jnp.arange(T)[None, :] < counts_N[:, None]
+    start = state.positions[rows]
+    hidden, cache = forward(params, config, tokens_NxT, start[:, None] + jnp.arange(T)[None, :],
+                            mask, cache, return_hidden=True)
+    last = jnp.take_along_axis(hidden, jnp.maximum(counts_N - 1, 0)[:, None, None], axis=1)
+    logits = project_logits(params, config, last)[:, 0]
+
+    put = functools.partial(put_slots, slots_N=slots_N)
+    new_cache = KVCache(k=tuple(put(f, n[:, :, :S]) for f, n in zip(sc.k, cache.k, strict=True)),
+                        v=tuple(put(f, n[:, :, :S]) for f, n in zip(sc.v, cache.v, strict=True)),
+                        valid=put(sc.valid, cache.valid[:, :S]),
+                        end=put(sc.end, sc.end[rows] + counts_N))
+    return resume_slots(state.replace(cache=new_cache), slots_N, constrain, logits=logits,
+                        positions=start + counts_N, generated=generated_N, max_new=max_new_N)
+
+
+def put_slots(full, new, slots_N):
+    """`full` with rows slots_N set to `new`'s (slots >= B dropped: padding rows)."""
+    return full.at[slots_N].set(new.astype(full.dtype), mode="drop")
+
+
+def resume_slots(state, slots_N, constrain=None, **fields):
+    """`state` (dense or paged) with the rows slots_N of each named field set and those slots
+    active (slots >= B dropped), then `constrain`ed: the end of an extend."""
+    new = state.replace(active=put_slots(state.active, jnp.ones_like(slots_N, bool), slots_N),
+                        **{k: put_slots(getattr(state, k), v, slots_N) for k, v in fields.items()})
+    return new if constrain is None else constrain(new)
 
 
 def move_fn(state: DecodeState, src, dst) -> DecodeState:
