@@ -7,7 +7,8 @@ inside a function):
   foundations   errors, tokenizer, templates, models, data, rewards, envs, sharding,
                 meshes, metrics, checkpoint, ... (anything not listed in LAYERS)
   core          sampling, adaptive, rl, warmstart (pure functions and their jitted forms)
-  method        methods (the table), rollout (sampling for the loop), evaluation
+  method        methods (the table), rollout (sampling for the loop), evaluation,
+                trajectory (multi-turn sampling with tools)
   config        config (loads and validates a whole run: reads the method table)
   run           run/ (build: config -> pieces; trainer, state, folder, saved: a saved run
                 -> its policy), step (one RL step), stream (the sampler across steps),
@@ -33,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LAYERS = {
     "ada.sampling": 1, "ada.adaptive": 1, "ada.rl": 1, "ada.warmstart": 1,
-    "ada.methods": 2, "ada.rollout": 2, "ada.evaluation": 2,
+    "ada.methods": 2, "ada.rollout": 2, "ada.evaluation": 2, "ada.trajectory": 2,
     "ada.config": 3,
     "ada.run": 4, "ada.step": 4, "ada.stream": 4,
     "ada.loop": 5, "ada.planner": 5, "ada.roofline": 5, "ada.memory": 5,

@@ -105,7 +105,10 @@ def build_train_batch(collected: Collected, advantages_PxN, layout: BatchLayout,
             resp = list(c.token_ids)[:Tr]
             tokens[b, Tp: Tp + len(resp)] = resp
             mask[b, Tp: Tp + len(resp)] = True
-            rmask[b, Tp: Tp + len(resp)] = 1.0
+            # a trajectory's environment tokens (tool output: ada/trajectory.py) are context,
+            # never trained: 0 in the loss mask, so no loss term, ratio or count covers them
+            mask_of = getattr(c, "policy_mask", None)
+            rmask[b, Tp: Tp + len(resp)] = 1.0 if mask_of is None else mask_of[:Tr]
             adv[b] = advantages_PxN[p, j]
             if version is not None:
                 behav[b, Tp: Tp + len(resp)] = c.logprobs[:Tr]
