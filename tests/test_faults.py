@@ -68,9 +68,8 @@ def _started(marks, value, count, timeout=60):
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     base = tmp_path_factory.mktemp("faults")
-    return dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(base / "jax"),
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1", ADA_TEST_CACHE=str(base / "ada"),
+    # the session's compilation cache (conftest): a run loads what an earlier one compiled
+    return dict(os.environ, JAX_PLATFORMS="cpu", ADA_TEST_CACHE=str(base / "ada"),
                 PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
 
 

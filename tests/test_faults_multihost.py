@@ -37,9 +37,7 @@ class Pair:
         return [subprocess.Popen(
             _cmd(self.data, self.wd, self.cache, **ov),
             env=_env(1, ADA_COORDINATOR=f"localhost:{port}", ADA_NUM_PROCESSES="2",
-                     ADA_PROCESS_ID=str(i), JAX_COMPILATION_CACHE_DIR=str(self.root / "jax"),
-                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+                     ADA_PROCESS_ID=str(i),
                      **({"ADA_FAULT": fault} if i == 1 and fault else {})),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
 

@@ -52,9 +52,7 @@ def gcs(tmp_path_factory):
            # no credential lookup may leave this machine (the metadata server's address)
            "GCE_METADATA_HOST": "127.0.0.1:1", "GCE_METADATA_IP": "127.0.0.1:1",
            "GCE_METADATA_ROOT": "127.0.0.1:1", "JAX_PLATFORMS": "cpu",
-           "JAX_COMPILATION_CACHE_DIR": str(base / "jax"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1", "ADA_TEST_CACHE": str(base / "ada"),
+           "ADA_TEST_CACHE": str(base / "ada"),  # and the session's compilation cache
            "PYTHONPATH": os.pathsep.join([HERE,
                                           os.environ.get("PYTHONPATH", "")])}
     saved = {k: os.environ.get(k) for k in env}
