@@ -4,17 +4,16 @@ A config file is a Python file with `get_config(arg=None) -> ml_collections.Conf
 (big_vision style). It is named on the command line as `path/to/file.py` or
 `path/to/file.py:arg`; fields are overridden with `--config.a.b=value`.
 
-Everything a run needs is checked here, before any compile or training time is spent:
-an unknown override key, a file with a syntax error, a model path that does not exist
-and an output directory that is not writable each stop the run with a one-line
-`ConfigError` that names the thing and the fix.
+Everything a run needs is checked here, before any compile: an unknown override key, a
+file with a syntax error, a missing model path or an unwritable output directory each stop
+the run with a one-line `ConfigError` that names the thing and the fix.
 
 Every knob is defined once, with its default and a one-line comment, in
 `configs/common.py: base()` (ada/knobs.py reads both; `describe` prints a config with them).
-The sections `loss`, `optim`, `adaptive` and `sampling` (its temperature, top_k, top_p)
-build `LossConfig`, `OptimConfig`, `CollectConfig` and `SamplingConfig` field for field,
-and `train`'s epochs / mini_batches / micro_batches are `TrainConfig`'s (`train_config`,
-`collect_config`): a knob has one name from the command line to the code. Each dataclass
+The sections `loss`, `optim`, `adaptive`, `sampling` (temperature, top_k, top_p) and `env`
+build `LossConfig`, `OptimConfig`, `CollectConfig`, `SamplingConfig` and `EnvConfig` field
+for field, and `train`'s epochs / mini_batches / micro_batches are `TrainConfig`'s: a knob
+has one name from the command line to the code. Each dataclass
 checks its own fields; `validate` builds them, names the knob of their errors, and adds only
 the checks that span sections or have no dataclass. A run's saved `config.json` is read back
 by `load_run_config` alone (merged onto base(), old keys renamed by ada.knobs.RENAMED), so
@@ -73,14 +72,11 @@ def _load_module(path: str):
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:
-        raise ConfigError(
-            f"syntax error in config file {e.filename or path}, line {e.lineno}: {e.msg}"
-        ) from None
+        raise ConfigError(f"syntax error in config file {e.filename or path}, line "
+                          f"{e.lineno}: {e.msg}") from None
     except Exception as e:  # an error while importing the file: point at its line
-        line = _line_in(path, e)
-        raise ConfigError(
-            f"config file {path}{line} raised {type(e).__name__}: {e}"
-        ) from None
+        raise ConfigError(f"config file {path}{_line_in(path, e)} raised "
+                          f"{type(e).__name__}: {e}") from None
     return module
 
 
@@ -149,10 +145,8 @@ def _parse_value(key: str, text: str, current: Any) -> Any:
     """Convert an override string to the type of the field it replaces."""
     low = text.strip().lower()
     if isinstance(current, bool):
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
+        if low in _TRUE + _FALSE:
+            return low in _TRUE
         raise ConfigError(f"--config.{key}={text}: expected a boolean (true/false)")
     if low == "none":
         return None
@@ -442,7 +436,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
              f"data x tensor = {nd} (data=-1: all of them)"
              + (f" or rl.sampler_devices={used}" if 0 < used < nd else ""))
     problems.extend(kv_cache_problems(config))
-    build("env", EnvConfig, lambda: EnvConfig(**_fields(config.env, EnvConfig)))
+    build("env", EnvConfig, lambda: env_config(config))
     e = config.eval
     need(e.samples >= 1, f"eval.samples={e.samples} must be >= 1")
     for k in e.pass_k:
@@ -486,6 +480,12 @@ def train_config(config: ml_collections.ConfigDict) -> TrainConfig:
                        **_fields(config.train, TrainConfig), remat=config.model.remat,
                        temperature=config.sampling.temperature or 1.0,
                        lora=LoraConfig(**_fields(config.model.lora, LoraConfig), seed=config.seed))
+
+
+def env_config(config: ml_collections.ConfigDict) -> EnvConfig | None:
+    """The run's tools (ada/envs), or None: env.tools = '', one turn per response."""
+    env = EnvConfig(**_fields(config.env, EnvConfig))
+    return env if env.tool_names else None
 
 
 def alloc_config(config: ml_collections.ConfigDict) -> AllocConfig:

@@ -17,27 +17,45 @@ from collections.abc import Iterable, Sequence
 import jax
 
 from ada.adaptive.collect import CollectConfig, Collected, Collector
+from ada.envs import EnvConfig, ToolEnv
 from ada.sampling.driver import Completion, Driver, Request
 from ada.sampling.engine import Engine
+from ada.trajectory import COUNTERS as ENV_COUNTERS
+from ada.trajectory import EnvDriver
 
 
 class Rollout:
     """One engine, the tokenizer that decodes it, the reward that scores its responses, and
-    how a training batch is collected (`collect_cfg`; None for a sampler that only draws)."""
+    how a training batch is collected (`collect_cfg`; None for a sampler that only draws).
+    With `env` (the run's tools, ada/envs) a response is a whole trajectory: every driver
+    is wrapped in an EnvDriver (ada/trajectory.py), which keeps the Driver's calls."""
 
-    def __init__(self, engine: Engine, tokenizer, collect_cfg: CollectConfig | None, reward):
+    def __init__(self, engine: Engine, tokenizer, collect_cfg: CollectConfig | None, reward,
+                 env: EnvConfig | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.collect_cfg = collect_cfg
         self.reward = reward
+        self.env = env
         self.process_index, self.process_count = jax.process_index(), jax.process_count()
 
     def driver(self, params, key) -> Driver:
         """A Driver over this process's copy of the trained params (the Driver hands them
         to the engine: `Engine.prepare_params`)."""
         # the engine folds raw uint32 keys
-        return Driver(self.engine, params, tokenizer=self.tokenizer,
-                      step_key=jax.random.key_data(key))
+        return self.wrap(Driver(self.engine, params, tokenizer=self.tokenizer,
+                                step_key=jax.random.key_data(key)))
+
+    def wrap(self, driver: Driver) -> Driver | EnvDriver:
+        """`driver` as this rollout samples: itself, or with the run's tools, an EnvDriver
+        whose every request is an episode of a ToolEnv (scored by the Collector, as a
+        one-turn response is: the env leaves the reward to it)."""
+        if self.env is None:
+            return driver
+        encode = lambda text: self.tokenizer.encode(text, add_special=False)
+        return EnvDriver(driver, lambda r: ToolEnv(
+            {}, None, self.env, tokenizer=self.tokenizer, prompt_tokens=len(r.prompt_tokens)),
+            encode)
 
     def collector(self, driver, step_key=None) -> Collector:
         """The adaptive collection of this process's prompt records over `driver`; its
@@ -68,6 +86,8 @@ class Rollout:
         out.metrics.update(prefilled_prompts=stats["prefilled_prompts"],
                            prefilled_tokens=stats["prefilled_tokens"],
                            page_copies=stats.get("page_copies", 0))
+        if self.env is not None:  # the trajectories' tool use (step.step_metrics)
+            out.metrics["env"] = {k: stats[k] for k in ENV_COUNTERS}
         return out
 
     def sample(self, params, records: Sequence[dict], k: int, key,

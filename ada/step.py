@@ -26,6 +26,7 @@ from ada.adaptive.collect import Collected
 from ada.rl.batch import BatchLayout, build_train_batch, longest, to_global
 from ada.rl.train import TrainFns, TrainState
 from ada.rollout import Rollout
+from ada.trajectory import env_metrics
 
 ROUNDS_LOGGED = 64  # per-round counts kept per step (DAPO runs a few batches of N rounds)
 
@@ -149,5 +150,7 @@ def step_metrics(collected: Collected, train_m: dict) -> dict:
         "prefill_tokens": prefill_tokens,
         "page_copies": copies,
     }
+    if "env" in cm:  # trajectories with tools (ada/trajectory.py)
+        m.update(env_metrics(cm["env"]))
     m.update({k: float(v) for k, v in train_m.items()})
     return m

@@ -84,6 +84,7 @@ from ada.adaptive.collect import Collected
 from ada.models import lora
 from ada.rollout import Rollout
 from ada.sampling.driver import Driver, Request
+from ada.trajectory import COUNTERS as ENV_COUNTERS
 
 
 @dataclasses.dataclass
@@ -154,8 +155,8 @@ class Stream:
         if driver is None:  # `driver`: another with the Driver's calls (the simulator's)
             params = self._handoff(params)
             with jax.default_device(self.device):
-                driver = Driver(rollout.engine, params, tokenizer=rollout.tokenizer,
-                                version=self.version)
+                driver = rollout.wrap(Driver(rollout.engine, params, tokenizer=rollout.tokenizer,
+                                             version=self.version))
         self.driver = driver
         self.cohorts: collections.deque[_Cohort] = collections.deque()
         self.owner: dict[int, int] = {}  # driver submission number -> cohort step
@@ -206,6 +207,8 @@ class Stream:
         head.result.metrics.update(prefilled_prompts=done["prefilled_prompts"],
                                    prefilled_tokens=done["prefilled_tokens"],
                                    page_copies=done["page_copies"])
+        if getattr(self.rollout, "env", None) is not None:  # tool use: step.step_metrics
+            head.result.metrics["env"] = {k: done[k] for k in ENV_COUNTERS}
         if self._thread is None and not self.in_flight():
             self.driver.release()  # the update has the chips to itself (module doc: memory)
         return head.result, metrics
@@ -400,7 +403,7 @@ class Stream:
         s = self.driver.stats()
         return {k: s.get(k, 0) for k in ("prefilled_prompts", "prefilled_tokens", "page_copies",
                                           "useful_token_steps", "computed_token_steps",
-                                          "carried_tokens")}
+                                          "carried_tokens", *ENV_COUNTERS)}
 
 
 def place(tree, mesh, device):

@@ -22,14 +22,41 @@ tokens after the prompt, policy and observation together, so a train row always 
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
 import dataclasses
 import time
 from collections.abc import Callable
 
-from ada.envs import Env, Turn
+import numpy as np
+
+from ada import distributed
+from ada.envs import ERROR_KINDS, Env, Turn
 from ada.sampling.driver import Completion, Driver, Request
+
+# What an EnvDriver counts over the trajectories it finished (its `stats()`, beside the
+# Driver's own, whose `turns` are its parked turns; a step's share: `env_metrics`): summed
+# over processes, so fixed names in a fixed order.
+COUNTERS = ("trajectories", "with_tool_call", "policy_turns", "tool_calls", "tool_truncated",
+            "policy_tokens", "env_tokens", "tool_seconds", "sampler_idle_s",
+            *(f"tool_error_{k}" for k in ERROR_KINDS))
+
+
+def env_metrics(counts: dict) -> dict:
+    """A step's tool-use metrics (docs/metrics.md) from its EnvDriver counts, summed over
+    processes: per trajectory, its turns and calls; the errors by kind; the seconds tools
+    ran and the sampler sat idle waiting on them; the tokens drawn (methods compare at
+    equal tokens) and the environment's share of a trajectory's."""
+    c = dict(zip(COUNTERS, distributed.global_sum(
+        np.array([counts.get(k, 0) for k in COUNTERS], np.float64))))
+    n, tokens = max(c["trajectories"], 1), c["policy_tokens"] + c["env_tokens"]
+    return {"turns_per_trajectory": c["policy_turns"] / n,
+            "tool_calls_per_trajectory": c["tool_calls"] / n,
+            "tool_call_rate": c["with_tool_call"] / n,  # trajectories with at least one call
+            **{f"tool_errors_{k}": c[f"tool_error_{k}"] for k in ERROR_KINDS},
+            "tool_outputs_truncated": c["tool_truncated"],
+            "tool_seconds": c["tool_seconds"], "sampler_idle_tools_s": c["sampler_idle_s"],
+            "policy_tokens": c["policy_tokens"], "env_tokens": c["env_tokens"],
+            "env_token_share": c["env_tokens"] / max(tokens, 1)}
 
 
 @dataclasses.dataclass
@@ -53,7 +80,7 @@ class EnvDriver:
         self._episodes: dict[int, _Episode] = {}
         self._tools: dict[cf.Future, int] = {}  # a running env.step -> its request's seq
         self._pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="ada-tool")
-        self._counts = collections.Counter()
+        self._counts = dict.fromkeys(COUNTERS, 0)
 
     def __getattr__(self, name):  # everything else is the driver's (engine, params, ...)
         return getattr(self.driver, name)
@@ -146,7 +173,14 @@ class EnvDriver:
     def _trajectory(self, seq: int, last: Completion | None) -> Completion:
         """The episode of `seq` as one Completion (its last turn's, or a parked one's)."""
         ep = self._episodes.pop(seq)
-        r = ep.request
+        r, st, n = ep.request, ep.env.stats, self._counts
+        policy = sum(ep.mask)
+        for k, v in (("trajectories", 1), ("with_tool_call", st.tool_calls > 0),
+                     ("policy_turns", st.turns), ("tool_calls", st.tool_calls),
+                     ("tool_truncated", st.truncated), ("policy_tokens", policy),
+                     ("env_tokens", len(ep.mask) - policy),
+                     *((f"tool_error_{k}", st.errors[k]) for k in ERROR_KINDS)):
+            n[k] += int(v)
         return Completion(
             prompt_id=r.prompt_id, sample_idx=r.sample_idx, token_ids=ep.tokens,
             text="".join(ep.texts), logprobs=ep.logprobs,

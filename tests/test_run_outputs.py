@@ -17,6 +17,7 @@ import pytest
 
 from ada.cli.inspect_model import main as inspect_main
 from ada.metrics import read_jsonl
+from ada.trajectory import env_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "metrics.md")
@@ -78,7 +79,9 @@ def test_metrics_doc_lists_exactly_the_keys_a_run_writes(run):
     written.discard("step")
     assert written - documented_keys() == set(), "keys missing from docs/metrics.md"
     lora = {"lora_rank", "handoff_bytes"}  # LoRA runs' (tests/test_stream.py reads them)
-    assert documented_keys() - written - lora == set(), "docs/metrics.md lists keys no run writes"
+    tools = set(env_metrics({}))  # tool runs' (env.tools: tests/test_trajectory.py)
+    assert documented_keys() - written - lora - tools == set(), \
+        "docs/metrics.md lists keys no run writes"
 
 
 def test_bar_off_prints_a_line_every_log_every_steps(run):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import random_params
 
-from ada.envs import Env, EpisodeStats, Turn
+from ada.envs import ERROR_KINDS, Env, EpisodeStats, Turn
 from ada.models import init_params, preset
 from ada.rl import train
 from ada.rl.batch import BatchLayout, build_train_batch
@@ -23,7 +23,7 @@ from ada.sampling.driver import Driver, Request
 from ada.sampling.engine import Engine
 from ada.sampling.paged import PagedEngine
 from ada.sampling.samplers import SamplingConfig
-from ada.trajectory import EnvDriver
+from ada.trajectory import EnvDriver, env_metrics
 
 CFG = preset("tiny", family="llama")
 LAYOUT = BatchLayout(prompt_len=8, response_len=16, pad_id=0, trim_padding=False)
@@ -177,6 +177,10 @@ def test_a_trajectory_is_its_turns_and_observations_whatever_the_tools_take(tiny
         stats = d.stats()
         assert stats["extend_calls"] == stats["turns"] - sum(
             c.finish_reason == "length" and c.episode.end == "max_turns" for c in got.values())
+        assert stats["trajectories"] == 6 and stats["policy_turns"] == sum(
+            c.episode.turns for c in got.values())
+        assert stats["policy_tokens"] + stats["env_tokens"] == sum(
+            len(c.token_ids) for c in got.values())
         if sleepy is not None:
             assert {o[0] for o in order[-2:]} == {sleepy}, order
             assert stats["sampler_idle_s"] >= 0 and stats["tool_seconds"] >= 0.5
@@ -194,3 +198,17 @@ def test_a_trajectory_is_its_turns_and_observations_whatever_the_tools_take(tiny
         for i, m in enumerate(c.policy_mask[1:], 1):
             if c.policy_mask[i - 1] == 1 and m == 0:
                 assert 100 <= c.token_ids[i - 1] < 164
+
+
+def test_env_metrics_are_the_counts_per_trajectory():
+    """docs/metrics.md's tool keys from an EnvDriver's counts (one process: the sums are
+    the counts)."""
+    counts = dict(trajectories=4, with_tool_call=3, policy_turns=9, tool_calls=6,
+                  tool_truncated=1, policy_tokens=60, env_tokens=20, tool_seconds=1.5,
+                  sampler_idle_s=0.25, tool_error_timeout=2)
+    m = env_metrics(counts)
+    assert (m["turns_per_trajectory"], m["tool_calls_per_trajectory"], m["tool_call_rate"]) == (
+        9 / 4, 6 / 4, 3 / 4)
+    assert m["env_token_share"] == 20 / 80 and m["tool_errors_timeout"] == 2
+    assert m["tool_errors_bad_call"] == 0 and m["sampler_idle_tools_s"] == 0.25
+    assert {f"tool_errors_{k}" for k in ERROR_KINDS} <= set(m)
