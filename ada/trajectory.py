@@ -30,7 +30,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ada import distributed
-from ada.envs import ERROR_KINDS, Env, Turn
+from ada.envs import ERROR_KINDS, Env, EnvConfig, Turn
+from ada.envs.tokens import run_format, turn_end_ids
 from ada.sampling.driver import Completion, Driver, Request
 
 # What an EnvDriver counts over the trajectories it finished (its `stats()`, beside the
@@ -39,6 +40,14 @@ from ada.sampling.driver import Completion, Driver, Request
 COUNTERS = ("trajectories", "with_tool_call", "policy_turns", "tool_calls", "tool_truncated",
             "policy_tokens", "env_tokens", "tool_seconds", "sampler_idle_s",
             *(f"tool_error_{k}" for k in ERROR_KINDS))
+
+
+def turn_ends(env: EnvConfig | None, tokenizer) -> tuple[int, ...]:
+    """The engine's turn_end_ids for the run's tools: the token of each end marker of its
+    call format (ConfigError naming env.tool_format if one is not one token); () without."""
+    if env is None:
+        return ()
+    return turn_end_ids(tokenizer, run_format(env.tool_format).stops, env.tool_format)
 
 
 def env_metrics(counts: dict) -> dict:

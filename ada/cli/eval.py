@@ -79,6 +79,10 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=0,
                    help="evaluate only the first N prompts (of each benchmark with --suite; "
                         "default 0: all)")
+    p.add_argument("--tools", default=None,
+                   help="comma-separated tools the policy may call mid-answer (calculator, "
+                        "python), each response then a whole trajectory scored on its final "
+                        "answer; 'none': no tools (default: the run's env.tools)")
     p.add_argument("--json", default="",
                    help="also write the summary to this file (--suite: after each benchmark; "
                         "the same command with the same --json resumes an interrupted suite)")
@@ -121,6 +125,8 @@ def eval_config(args, overrides=()):
         config.model.path = args.model
     for key, value in overrides:
         cfglib.apply_override(config, key, value)
+    if args.tools is not None:
+        config.env.tools = "" if args.tools == "none" else args.tools
     e = config.eval
     e.samples = args.samples or e.samples
     e.temperature = e.temperature if args.temperature is None else args.temperature
@@ -168,8 +174,11 @@ def sample_eval(config, run, max_new_tokens: int):
     """The eval engine for responses of up to `max_new_tokens`, and the run's params on it."""
     from ada.sampling.backends import make_engine
 
+    from ada.trajectory import turn_ends
+
     engine = make_engine(config, run.model_cfg, run.tokenizer,
-                         temperature=config.eval.temperature, max_new_tokens=max_new_tokens)
+                         temperature=config.eval.temperature, max_new_tokens=max_new_tokens,
+                         turn_end_ids=turn_ends(cfglib.env_config(config), run.tokenizer))
     return engine, engine.prepare_params(run.params)  # from the host onto its shards, once
 
 
@@ -179,7 +188,8 @@ def score_eval(config, run, engine, params, encoded, reward) -> dict:
     from ada.rollout import Rollout
 
     e = config.eval
-    return evaluate_policy(Rollout(engine, run.tokenizer, None, reward), params, encoded,
+    rollout = Rollout(engine, run.tokenizer, None, reward, cfglib.env_config(config))
+    return evaluate_policy(rollout, params, encoded,
                            samples=e.samples, pass_k=e.pass_k,
                            threshold=config.adaptive.positive_threshold, seed=config.seed)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from ada.config import collect_config, train_config
+from ada.config import collect_config, env_config, train_config
 from ada.data.encode import encode_records, too_long_message, unknown_tokens_message
 from ada.data.iterator import PromptIterator
 from ada.data.task import Task, load_task
@@ -31,6 +31,7 @@ from ada.run.policy import (
 )
 from ada.sampling.backends import eval_sampling, make_engine
 from ada.tokenizer import Tokenizer
+from ada.trajectory import turn_ends
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,13 @@ def build(config) -> Setup:
     base = base_ref(c, model_cfg, params, warm_info)
     s = c.sampling
     collect = collect_config(c)
+    env = env_config(c)  # tools: every response a trajectory, a turn ending at a call
+    ends = turn_ends(env, tokenizer)
 
     def rollout(temperature, max_new_tokens):
         engine = make_engine(c, model_cfg, tokenizer, temperature=temperature,
-                             max_new_tokens=max_new_tokens)
-        return Rollout(engine, tokenizer, collect, task.reward)
+                             max_new_tokens=max_new_tokens, turn_end_ids=ends)
+        return Rollout(engine, tokenizer, collect, task.reward, env)
 
     train_rollout = rollout(s.temperature, s.max_new_tokens)
     if tuple(c.data.pass_rate_range) != (0.0, 1.0):
