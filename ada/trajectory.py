@@ -146,7 +146,8 @@ class EnvDriver:
     # -- internals ------------------------------------------------------------------
 
     def _all_waiting(self) -> bool:
-        return bool(self._tools) and len(self._tools) == len(self._episodes)
+        """Tools run and the driver has nothing to do: no request decodes, none can start."""
+        return bool(self._tools) and not self.driver.decoding() and self.driver.head() is None
 
     def _observe(self, wait: bool) -> list[Completion]:
         """Append the observations of the finished tool calls (all of them, or with `wait`

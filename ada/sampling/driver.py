@@ -274,7 +274,7 @@ class Driver(Turns):
         done, self._errors = self._errors, []
         self.counts += self.backend.fill()
         self._append()
-        if self._live():
+        if self.decoding():
             done.extend(self._run_chunk())
         if not self._queue:
             self.backend.compact()
@@ -285,7 +285,7 @@ class Driver(Turns):
         seqs = [self.submit(r) for r in requests]
         where = {seq: i for i, seq in enumerate(seqs)}
         results: list[Completion | None] = [None] * len(requests)
-        while self._queue or self._live() or self._errors:
+        while self._queue or self.decoding() or self._errors:
             for c in self.step():
                 if c.seq in where:
                     results[where[c.seq]] = c

@@ -97,11 +97,11 @@ class Turns:
                 "append_prefills": self.counts.appends,
                 "append_prefilled_tokens": self.counts.appended_tokens}
 
-    # -- internals ---------------------------------------------------------------
-
-    def _live(self) -> bool:
+    def decoding(self) -> bool:
         """A request in a slot that is not parked (a chunk has work)."""
         return any(not s.parked for s in self._slots.values())
+
+    # -- internals ---------------------------------------------------------------
 
     def _parked_at(self, seq: int):
         """(its slot, or None off-slot, and its _Slot) of parked request `seq`."""
