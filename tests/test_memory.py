@@ -160,7 +160,7 @@ def held_to_the_ledger(tmp_path, monkeypatch, c) -> list:
             _wait(lambda: where["sampler_init"] is not None, "the sampler's first fill")
         elif phase == "handoff":  # read by the sampler as it takes the weights (sampler_set)
             _wait(lambda: s.driver.version == s.version, "the sampler to take the weights")
-        else:
+        elif s.k == 0:  # at k >= 1 the sampler never idles: read at its own moments only
             sampler_side(s, phase, step)
 
     def save(self):  # the ledger assumes a save's copy to the host ends before the next
@@ -216,8 +216,8 @@ def held_to_the_ledger(tmp_path, monkeypatch, c) -> list:
         if where["in"] is not None:
             phase, s = where["in"]
             in_flight = s.in_flight()
-            if split:  # an eval's own driver beside the stream's, its cohort complete
-                idle(s)
+            if split and s.k == 0:  # an eval's own driver beside the stream's, its cohort
+                idle(s)                 # complete
                 check(phase, s.version, s.rollout.engine, False, "sampler",
                       less=("prefix_caches",) if s.version >= s.last_step else ())
             check(phase, s.version, s.rollout.engine, in_flight, "trainer" if split else None)
@@ -300,14 +300,19 @@ def test_slots_are_sized_so_an_update_with_cohorts_in_flight_fits():
 
 
 @pytest.mark.slow
-def test_a_split_run_holds_each_meshs_ledger(tmp_path, monkeypatch):
-    """rl.sampler_devices = 4 at k = 0: each role's 4 chips hold its phases of
+@pytest.mark.parametrize("cache", ["dense", "paged"])
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_split_run_holds_each_meshs_ledger(tmp_path, monkeypatch, k, cache):
+    """rl.sampler_devices = 4: each role's 4 chips hold its phases of
     `run_memory(...)["meshes"]` within 10%. The trainer's at `loop.train`'s boundaries; the
     sampler's at moments its thread defines: before its first fill (init), as a cohort
     completes (generate), as it takes new weights, beside the old ones (handoff:
-    `bytes_per_chip`, the old copy its transient), and at a trainer boundary or an eval's
-    end once its cohort is complete (it then waits for weights; update, eval, save)."""
-    seen = held_to_the_ledger(tmp_path, monkeypatch, _config(tmp_path, "dense", 0, 4))
-    assert {(s[0], s[3]) for s in seen} == {(p, r) for p in (
-        "init", "update", "handoff", "eval", "save") for r in ("trainer", "sampler")} | {
-        ("generate", "sampler")}, seen
+    `bytes_per_chip`, the old copy its transient), and at k = 0 at a trainer boundary or an
+    eval's end once its cohort is complete (it then waits for weights; update, eval, save).
+    At k = 1 the sampler never waits (a cohort is always in flight), so it is read at its
+    own moments only."""
+    seen = held_to_the_ledger(tmp_path, monkeypatch, _config(tmp_path, cache, k, 4))
+    idle = ("update", "eval", "save") if k == 0 else ()
+    assert {(s[0], s[3]) for s in seen} == {(p, "trainer") for p in (
+        "init", "update", "handoff", "eval", "save")} | {(p, "sampler") for p in (
+        "init", "generate", "handoff", *idle)}, seen
