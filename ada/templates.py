@@ -35,6 +35,9 @@ carries (ada/export.py) so that transformers' `apply_chat_template` gives ada's 
 Chat renderings carry their special tokens as text (BOS included for Llama and Gemma), so they
 are encoded with add_special=False; `plain` is encoded with add_special=True (the tokenizer's BOS,
 if it has one). `encode_prompt` applies that rule; use it rather than calling encode directly.
+
+Tools (Qwen templates only, for now): `render_tool_prompt` / `render_tool_messages` render as
+apply_chat_template(..., tools=...) does. `chat_template` has no tool branches.
 """
 
 from __future__ import annotations
@@ -177,6 +180,73 @@ def _render_plain(messages, add_generation_prompt):
 _render_qwen25_math = functools.partial(_render_qwen25, default_system=QWEN25_MATH_INSTRUCTION)
 
 
+# -- tool conversations: the tool branches of Qwen2.5(-Math)-Instruct's and Qwen3's templates --
+
+_TOOLS_BLOCK = (  # closes the system turn; TOOLS: one JSON line per tool schema
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\n<tools>TOOLS\n</tools>"
+    "\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    '<args-json-object>}\n</tool_call>')
+
+
+def _qwen_tool_call(call: dict, qwen3: bool) -> str:
+    """One call as both templates write it (Qwen3 writes string arguments verbatim)."""
+    args = call["arguments"]
+    args = args if qwen3 and isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return '<tool_call>\n{"name": "' + call["name"] + '", "arguments": ' + args + "}\n</tool_call>"
+
+
+def _qwen3_think(content: str, after_query: bool, last: bool) -> tuple[str, str]:
+    """(text shown, answer) of a Qwen3 assistant turn: reasoning split off at </think> comes back
+    as a think block only after the last user query, on the last turn or when not empty."""
+    thought = ""
+    if "</think>" in content:
+        thought = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+        content = content.split("</think>")[-1].lstrip("\n")
+    if after_query and (last or thought):
+        return "<think>\n" + thought.strip("\n") + "\n</think>\n\n" + content.lstrip("\n"), content
+    return content, content
+
+
+def _render_qwen_tools(messages, add_generation_prompt, tools, *, qwen3=False,
+                       default_system=QWEN_DEFAULT_SYSTEM, enable_thinking=True):
+    """Qwen2/2.5(-Math)-Instruct (a default system turn) or Qwen3 (qwen3=True) with tools: calls
+    follow their turn's text a line each; consecutive `tool` turns share one user turn."""
+    system = None if qwen3 else default_system
+    if messages[0]["role"] == "system":
+        system, messages = messages[0]["content"], messages[1:]
+    if tools:
+        listed = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+        system = ("" if system is None else system + "\n\n") + _TOOLS_BLOCK.replace("TOOLS", listed)
+    out = [] if system is None else [_chatml("system", system)]
+    queries = [k for k, m in enumerate(messages) if m["role"] == "user" and not (
+        m["content"].startswith("<tool_response>") and m["content"].endswith("</tool_response>"))]
+    query = queries[-1] if queries else len(messages) - 1  # Qwen3's last_query_index
+    for k, m in enumerate(messages):
+        role, content, last = m["role"], m["content"], k + 1 == len(messages)
+        if role == "tool":
+            start = "" if k and messages[k - 1]["role"] == "tool" else "<|im_start|>user"
+            end = "" if not last and messages[k + 1]["role"] == "tool" else "<|im_end|>\n"
+            out.append(f"{start}\n<tool_response>\n{content}\n</tool_response>{end}")
+        elif role == "assistant":
+            shown, content = _qwen3_think(content, k > query, last) if qwen3 else (content,) * 2
+            calls = [_qwen_tool_call(c, qwen3) for c in m.get("tool_calls", ())]
+            out.append("<|im_start|>assistant\n" + shown + ("\n" if content and calls else "")
+                       + "\n".join(calls) + "<|im_end|>\n")
+        else:
+            out.append(_chatml(role, content))
+    gen = "<|im_start|>assistant\n" + ("" if enable_thinking else "<think>\n\n</think>\n\n")
+    return "".join(out) + (gen if add_generation_prompt else "")
+
+
+_TOOL_RENDERERS = {
+    "qwen_chat": _render_qwen_tools,
+    "qwen25_math": functools.partial(_render_qwen_tools, default_system=QWEN25_MATH_INSTRUCTION),
+    "qwen3": functools.partial(_render_qwen_tools, qwen3=True),
+}
+
+
 # -- the same renderings as Jinja chat templates (tests/test_templates.py: equal text) ------
 
 
@@ -298,35 +368,43 @@ def chat_template(template: str, bos_text: str = "") -> str:
     return t.jinja.replace("BOS_TEXT", _lit(bos_text if t.add_special else ""))
 
 
-def _check_messages(messages: Sequence[Message]) -> list[Message]:
+def _check_messages(messages: Sequence[Message], tool_turns: bool = False) -> list[Message]:
     if not messages:
         raise ValueError("messages is empty; a prompt needs at least one user message")
+    roles = ("system", "user", "assistant", "tool")[: 4 if tool_turns else 3]
     out = []
     for k, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("content"), str):
             raise ValueError(f"messages[{k}] must be a dict with a str 'content', got {m!r:.120}")
-        if m.get("role") not in ("system", "user", "assistant"):
-            raise ValueError(
-                f"messages[{k}] has role {m.get('role')!r}; templates render system, user "
-                "and assistant turns (tool turns are not supported)"
-            )
+        if m.get("role") not in roles:
+            raise ValueError(f"messages[{k}] has role {m.get('role')!r}; templates render "
+                             f"{', '.join(roles)} turns"
+                             + ("" if tool_turns else " (tool turns: render_tool_messages)"))
         if m["role"] == "system" and k > 0:
             raise ValueError(f"messages[{k}]: a system message may only come first")
         out.append({"role": m["role"], "content": m["content"]})
+        if tool_turns and m.get("tool_calls"):
+            calls = [c.get("function", c) if isinstance(c, dict) else c for c in m["tool_calls"]]
+            if m["role"] != "assistant" or not all(isinstance(c, dict) and isinstance(c.get(
+                    "name"), str) and isinstance(c.get("arguments"), dict | str) for c in calls):
+                raise ValueError(f"messages[{k}]: tool_calls belong to assistant turns, each "
+                                 '{"name": str, "arguments": dict} (or under "function")')
+            out[-1]["tool_calls"] = calls
     return out
 
 
-def render_messages(
-    template: str, messages: Sequence[Message], add_generation_prompt: bool = True, **options: Any
-) -> str:
-    """Chat messages -> prompt text, as the family's official chat template would render it."""
+def _with_options(template: str, options: dict) -> Template:
     t = get_template(template)
-    unknown = set(options) - set(t.options)
-    if unknown:
-        raise TypeError(
-            f"template {template!r} got unknown options {sorted(unknown)}; "
-            f"it accepts {list(t.options) or 'none'}"
-        )
+    if unknown := set(options) - set(t.options):
+        raise TypeError(f"template {template!r} got unknown options {sorted(unknown)}; "
+                        f"it accepts {list(t.options) or 'none'}")
+    return t
+
+
+def render_messages(template: str, messages: Sequence[Message], add_generation_prompt: bool = True,
+                    **options: Any) -> str:
+    """Chat messages -> prompt text, as the family's official chat template would render it."""
+    t = _with_options(template, options)
     return t.render(_check_messages(messages), add_generation_prompt, **options)
 
 
@@ -344,11 +422,37 @@ def prompt_messages(template: str, problem: str, instruction: str | None = None)
     return [{"role": "user", "content": content}]
 
 
-def render_prompt(
-    template: str, problem: str, instruction: str | None = None, **options: Any
-) -> str:
+def render_prompt(template: str, problem: str, instruction: str | None = None,
+                  **options: Any) -> str:
     """One problem -> the prompt text the policy continues (generation prompt included)."""
     return render_messages(template, prompt_messages(template, problem, instruction), **options)
+
+
+def render_tool_messages(template: str, messages: Sequence[dict], tools: Sequence[dict],
+                         add_generation_prompt: bool = True, **options: Any) -> str:
+    """A conversation with tools -> text, as the official chat template renders it with
+    `tools=tools` (Qwen templates only, for now). messages: system (first only), user, assistant
+    (`tool_calls`: [{"type": "function", "function": {"name": ..., "arguments": {...}}}] or the
+    bare {"name", "arguments"}), tool (content: the result). tools: function schemas as plain
+    dicts (ada.envs.tools' `Tool.schema()`), listed in order; none: no tool block. A tool run's
+    whole text is this rendering (tests/test_tool_templates.py says where not)."""
+    if template not in _TOOL_RENDERERS:
+        raise ValueError(f"template {get_template(template).name!r}: tools are rendered for the "
+                         f"Qwen templates only ({', '.join(_TOOL_RENDERERS)}), for now")
+    _with_options(template, options)
+    if not isinstance(tools, list | tuple) or not all(isinstance(t, dict) for t in tools):
+        raise ValueError("tools must be a list of function schemas (dicts, as Tool.schema() gives)")
+    return _TOOL_RENDERERS[template](_check_messages(messages, tool_turns=True),
+                                     add_generation_prompt, list(tools), **options)
+
+
+def render_tool_prompt(template: str, problem: str, tools: Sequence[dict],
+                       instruction: str | None = None, **options: Any) -> str:
+    """One problem -> a tool run's prompt: `render_prompt`'s text with the tools in the system
+    turn. A run passes `[TOOLS[name].schema() for name in env.tools]` (its env's tools, in
+    order), encodes it with add_special=False and stops policy turns at </tool_call>."""
+    return render_tool_messages(template, prompt_messages(template, problem, instruction), tools,
+                                **options)
 
 
 def check_template_tokens(tokenizer: Tokenizer, template: str) -> None:
@@ -363,26 +467,16 @@ def check_template_tokens(tokenizer: Tokenizer, template: str) -> None:
             )
 
 
-def encode_prompt(
-    tokenizer: Tokenizer,
-    template: str,
-    problem: str,
-    instruction: str | None = None,
-    **options: Any,
-) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, template: str, problem: str, instruction: str | None = None,
+                  **options: Any) -> list[int]:
     """Render and encode one prompt, adding BOS only where the rendering does not carry it."""
     text = render_prompt(template, problem, instruction, **options)
     return tokenizer.encode(text, add_special=get_template(template).add_special)
 
 
-def filter_by_length(
-    records: Iterable[dict],
-    tokenizer: Tokenizer,
-    template: str,
-    max_prompt_tokens: int,
-    instruction: str | None = None,
-    **options: Any,
-) -> tuple[list[dict], int]:
+def filter_by_length(records: Iterable[dict], tokenizer: Tokenizer, template: str,
+                     max_prompt_tokens: int, instruction: str | None = None,
+                     **options: Any) -> tuple[list[dict], int]:
     """Keep the records whose rendered prompt has at most `max_prompt_tokens` tokens.
 
     Returns (kept records in their original order, number dropped). Prompts that do not fit

@@ -8,6 +8,7 @@ import json
 
 import jinja2.sandbox
 import pytest
+from chat_templates import QWEN25_INSTRUCT_JINJA
 
 import ada.config as C
 from ada.envs import ERROR_KINDS, TOOLS, BadCall, EnvConfig, QwenFormat, ToolCall, ToolEnv
@@ -75,57 +76,12 @@ def test_tags_are_short_and_the_first_call_counts():
     assert f.wrap("2") == "<out>2</out>"
 
 
-# The official Qwen2.5-Instruct chat template's message loop, tool branches included (its
-# `tools` system block aside: the prompt here has no tools list). Qwen3's tool branch renders
-# the same text for a tool message.
-QWEN25_TOOL_JINJA = r"""{%- if messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-{%- else %}
-    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}
-            {{- '\n' + message.content }}
-        {%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}
-                {%- set tool_call = tool_call.function %}
-            {%- endif %}
-            {{- '\n<tool_call>\n{"name": "' }}
-            {{- tool_call.name }}
-            {{- '", "arguments": ' }}
-            {{- tool_call.arguments | tojson }}
-            {{- '}\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\n<tool_response>\n' }}
-        {{- message.content }}
-        {{- '\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"""
-
-
 def test_the_qwen_observation_is_what_the_chat_template_renders():
     """prompt + policy turn + observation + final turn == the official template on the same
     conversation (as transformers compiles it: trim_blocks, lstrip_blocks, unsorted tojson)."""
     jinja = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     jinja.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
-    template = jinja.from_string(QWEN25_TOOL_JINJA)
+    template = jinja.from_string(QWEN25_INSTRUCT_JINJA)
     args = {"expression": "12*34"}
     messages = [{"role": "user", "content": RECORD["problem"]},
                 {"role": "assistant", "content": "Let me compute.",

@@ -6,6 +6,7 @@ import random
 import re
 
 import pytest
+from chat_templates import QWEN3_JINJA, QWEN25_INSTRUCT_JINJA, QWEN25_MATH_JINJA
 from tokenizers import Tokenizer as HFTok
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -22,78 +23,9 @@ from ada.templates import (
 )
 from ada.tokenizer import load_tokenizer, train_sentencepiece
 
-# The official chat templates (Qwen2.5-Instruct, Qwen2.5-Math, Qwen3, Meta-Llama-3-Instruct,
-# Llama-3.2-Instruct tokenizer_config.json), with the tool-calling branches cut: those branches
-# do not fire without tools, and ada renders no tool turns.
-QWEN25_JINJA = r"""{%- if messages[0]['role'] == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
-{%- else %}
-    {{- '<|im_start|>system\nSYSTEM_DEFAULT<|im_end|>\n' }}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"""
-QWEN25_INSTRUCT_JINJA = QWEN25_JINJA.replace(
-    "SYSTEM_DEFAULT", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-)
-QWEN25_MATH_JINJA = QWEN25_JINJA.replace(
-    "SYSTEM_DEFAULT", "Please reason step by step, and put your final answer within \\\\boxed{}."
-)
-
-QWEN3_JINJA = r"""{%- if messages[0].role == 'system' %}
-    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
-{%- endif %}
-{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
-{%- for message in messages[::-1] %}
-    {%- set index = (messages|length - 1) - loop.index0 %}
-    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
-        {%- set ns.multi_step_tool = false %}
-        {%- set ns.last_query_index = index %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in messages %}
-    {%- if message.content is string %}
-        {%- set content = message.content %}
-    {%- else %}
-        {%- set content = '' %}
-    {%- endif %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
-        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
-    {%- elif message.role == "assistant" %}
-        {%- set reasoning_content = '' %}
-        {%- if message.reasoning_content is string %}
-            {%- set reasoning_content = message.reasoning_content %}
-        {%- else %}
-            {%- if '</think>' in content %}
-                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
-                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
-            {%- endif %}
-        {%- endif %}
-        {%- if loop.index0 > ns.last_query_index %}
-            {%- if loop.last or (not loop.last and reasoning_content) %}
-                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
-            {%- else %}
-                {{- '<|im_start|>' + message.role + '\n' + content }}
-            {%- endif %}
-        {%- else %}
-            {{- '<|im_start|>' + message.role + '\n' + content }}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\n\n</think>\n\n' }}
-    {%- endif %}
-{%- endif %}"""
-
+# The official chat templates of Meta-Llama-3-Instruct and Llama-3.2-Instruct
+# (tokenizer_config.json), with the tool-calling branches cut: they do not fire without tools.
+# The Qwen ones, tool branches included: tests/chat_templates.py.
 LLAMA3_JINJA = r"""{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"""
 
 LLAMA32_JINJA = r"""{{- bos_token }}
