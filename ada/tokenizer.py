@@ -20,14 +20,18 @@ tokens as text, so they are encoded with add_special=False (see `ada.templates`)
 
 `train_sentencepiece` trains a tiny deterministic model for the synthetic tasks: digits are
 single pieces and arithmetic symbols are always their own pieces, so a model sees "123" as
-"1","2","3" and the checker's numbers map cleanly onto tokens.
+"1","2","3" and the checker's numbers map cleanly onto tokens. `synthetic_tokenizer` trains
+(once, cached by its texts) a synthetic task's; in a run with tools it also holds the call
+format's markers (`<calc>`, `</calc>`, `<out>`, `</out>`, ...) as single pieces.
 """
 
 from __future__ import annotations
 
 import abc
+import hashlib
 import io
 import json
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -433,3 +437,26 @@ def train_sentencepiece(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_bytes(buf.getvalue())
     return SentencePieceTokenizer(out_path)
+
+
+def synthetic_tokenizer(texts: Sequence[str], vocab_size: int, folder: str | Path,
+                        markers: Sequence[str] = ()) -> SentencePieceTokenizer:
+    """A synthetic task's tokenizer: `train_sentencepiece` on `texts`, cached in `folder` by
+    the texts (and the markers), trained once.
+
+    `markers` (a run with tools: ada.envs.tokens.markers(env.tool_format)) become
+    user-defined symbols after ARITHMETIC_SYMBOLS, each one piece, so the sampler can end
+    a turn on one token. Without markers the file and its name are today's:
+    sp-{vocab_size}-{hash of texts}.model."""
+    h = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
+    if markers:
+        h += "-m" + hashlib.sha256("\0".join(markers).encode()).hexdigest()[:8]
+    folder = Path(folder)
+    path = folder / f"sp-{vocab_size}-{h}.model"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"{path.stem}.tmp{os.getpid()}.model"
+        train_sentencepiece(texts, vocab_size, tmp,
+                            user_defined_symbols=ARITHMETIC_SYMBOLS + tuple(markers))
+        os.replace(tmp, path)
+    return SentencePieceTokenizer(path, path.parent)

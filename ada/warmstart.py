@@ -7,10 +7,16 @@ therefore trains the tiny model for a few hundred steps of next-token cross-entr
 only on (model config, tokenizer, records, warm-start settings, seed), so it is cached
 under a hash of those and computed once; every method compared in experiments/ starts
 from the same bytes.
+
+A run with tools (env.tools) warm-starts on a few traces that teach only the call format
+(`ToolTraces`): the tool's output in them is masked out of the loss, so the policy is never
+taught to write an observation (the env does), and when to call and what to copy is left
+to RL.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -23,6 +29,7 @@ import optax
 from flax import serialization
 
 from ada import paths
+from ada.envs import EnvConfig, ToolCall, ToolEnv
 from ada.models.transformer import ModelConfig, forward, init_params, positions_from_mask
 
 log = logging.getLogger(__name__)
@@ -56,6 +63,78 @@ def examples(records, task, tokenizer, noise: float, seed: int):
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class ToolTraces:
+    """A tool run's warm start (configs/tools.py): the first `records` training records, each
+    answered one way (the policy's turns, the env's observation between them, masked):
+
+      call        ` <calc>123 * 456</calc>` `<out>56088</out>` ` = 56088` EOS: a share `call`
+      wrong copy  the same, then a copy with one digit wrong: a share `wrong_copy`
+      no call     ` 51730` EOS, a guess with the answer's number of digits (rarely right)
+
+    The answer after a call follows '=' (arithmetic_reward reads the number after the last
+    '='). The observation is what a ToolEnv of `env` writes for the call, encoded on its own
+    as the run's env driver appends it. Enough to teach the format, not when to call (the
+    traces call `call + wrong_copy` of the time) or to copy exactly: RL's part."""
+
+    env: EnvConfig
+    records: int = 256
+    call: float = 0.4
+    wrong_copy: float = 0.2
+
+    def settings(self) -> dict:
+        """What the traces add to the warm start's cache key."""
+        return {"tools": self.env.tools, "tool_format": self.env.tool_format,
+                "tool_traces": self.records,
+                "tool_call": self.call, "tool_wrong_copy": self.wrong_copy}
+
+    def kinds(self, n: int, rng: np.random.Generator) -> list[str]:
+        """Each of `n` records' trace kind: the shares' counts, shuffled."""
+        calls, wrong = round(self.call * n), round(self.wrong_copy * n)
+        kinds = ["call"] * calls + ["wrong_copy"] * wrong + ["no_call"] * (n - calls - wrong)
+        return [kinds[i] for i in rng.permutation(n)]
+
+
+def _guess(answer: str, rng: np.random.Generator) -> str:
+    """A number with as many digits as `answer` (and its sign), drawn at random."""
+    sign, n = ("-", len(answer) - 1) if answer.startswith("-") else ("", len(answer))
+    digits = [int(rng.integers(1 if n > 1 else 0, 10))] + list(rng.integers(0, 10, n - 1))
+    return sign + "".join(map(str, digits))
+
+
+def _miscopy(answer: str, rng: np.random.Generator) -> str:
+    """`answer` with one of its digits changed (never to a leading zero)."""
+    i = int(rng.choice([k for k, c in enumerate(answer) if c.isdigit()]))
+    lead = i == answer.startswith("-") and len(answer) > i + 1
+    d = rng.choice([c for c in "0123456789" if c != answer[i] and not (lead and c == "0")])
+    return answer[:i] + str(d) + answer[i + 1:]
+
+
+def tool_examples(records, tokenizer, traces: ToolTraces, seed: int):
+    """(prompt tokens, target tokens, target loss mask) of a tool run's warm start on the
+    first `traces.records` of `records` (encoded, arithmetic): see ToolTraces. The mask is
+    0 on the observation's tokens, 1 on the policy's."""
+    if "calculator" not in traces.env.tool_names:
+        raise ValueError(f"tool traces call the calculator; env.tools={traces.env.tools!r}")
+    rng = np.random.default_rng(seed)
+    chosen = records[: traces.records]
+    eos = tokenizer.eos_id
+    out = []
+    for r, kind in zip(chosen, traces.kinds(len(chosen), rng), strict=True):
+        if kind == "no_call":
+            target = tokenizer.encode(" " + _guess(r["answer"], rng)) + [eos]
+            out.append((r["prompt_tokens"], target, [1] * len(target)))
+            continue
+        env = ToolEnv(r, None, traces.env, tokenizer=tokenizer)
+        call = " " + env.format.render(ToolCall("calculator", {"expression": r["expression"]}))
+        observation = tokenizer.encode(env.step(call).observation)
+        copy = r["answer"] if kind == "call" else _miscopy(r["answer"], rng)
+        turn, answer = tokenizer.encode(call), tokenizer.encode(" = " + copy) + [eos]
+        out.append((r["prompt_tokens"], turn + observation + answer,
+                    [1] * len(turn) + [0] * len(observation) + [1] * len(answer)))
+    return out
+
+
 def cache_key(model_cfg: ModelConfig, vocab_fingerprint: str, records: Sequence[dict],
               response_fn_tag: str, settings: dict, seed: int) -> str:
     h = hashlib.sha256()
@@ -69,25 +148,27 @@ def cache_key(model_cfg: ModelConfig, vocab_fingerprint: str, records: Sequence[
     return h.hexdigest()[:16]
 
 
-def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int, T: int):
-    """Left-pad prompts, right-pad targets into [B, T]; loss only on the target tokens."""
+def _batch(examples: list[tuple], pad_id: int, T: int):
+    """Left-pad prompts, right-pad targets into [B, T]; loss only on the target tokens (an
+    example's third item, when it has one, masks some of them out: a tool's output)."""
     B = len(examples)
     tokens = np.full((B, T), pad_id, np.int32)
     mask = np.zeros((B, T), bool)
     loss_mask = np.zeros((B, T), np.float32)
-    for i, (prompt, target) in enumerate(examples):
+    for i, (prompt, target, *weights) in enumerate(examples):
         seq = (prompt + target)[:T]
         tokens[i, : len(seq)] = seq
         mask[i, : len(seq)] = True
-        loss_mask[i, len(prompt): len(seq)] = 1.0
+        loss_mask[i, len(prompt): len(seq)] = weights[0][: len(seq) - len(prompt)] if weights else 1
     return tokens, mask, loss_mask
 
 
-def supervised_train(params, model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]]],
+def supervised_train(params, model_cfg: ModelConfig, examples: list[tuple],
                      *, steps: int, batch_size: int, lr: float, seed: int, pad_id: int,
                      log_every: int = 0):
-    """AdamW (cosine decay) on token cross-entropy of the targets; deterministic."""
-    T = max(len(p) + len(t) for p, t in examples)
+    """AdamW (cosine decay) on token cross-entropy of the targets; deterministic. An example
+    is (prompt, target) or (prompt, target, target loss mask)."""
+    T = max(len(e[0]) + len(e[1]) for e in examples)
     tokens_all, mask_all, lmask_all = (jnp.asarray(x) for x in _batch(examples, pad_id, T))
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 20), max(steps, 2), lr * 0.1)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.0))
@@ -117,7 +198,7 @@ def supervised_train(params, model_cfg: ModelConfig, examples: list[tuple[list[i
     return params, float(loss)
 
 
-def warm_start(model_cfg: ModelConfig, examples: list[tuple[list[int], list[int]]], *,
+def warm_start(model_cfg: ModelConfig, examples: list[tuple], *,
                key_parts: str, steps: int, batch_size: int, lr: float, seed: int, pad_id: int,
                cache_dir: str, init=None) -> tuple[dict, dict]:
     """`init` (default: a random init from `seed`) + `steps` supervised steps, cached in

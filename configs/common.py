@@ -199,6 +199,14 @@ def base() -> ml_collections.ConfigDict:
     c.warmstart.teacher_noise = 0.0  # share of near misses among the noisy teacher's targets
     c.warmstart.noise_steps = 0  # steps on the noisy teacher after the exact ones
     c.warmstart.noise_lr = 1e-3  # learning rate of the noisy phase
+    # A run with tools (env.tools, configs/tools.py): the warm start teaches only the call
+    # format, one trace for each of the first `tool_traces` training records (ada/warmstart.py:
+    # ToolTraces): a share answered by a call, the tool's output (masked out of the loss: the
+    # env writes it) and its copy; a share the same but with a digit of the copy wrong; the
+    # rest by a guess without a call. RL learns when to call and to copy exactly.
+    c.warmstart.tool_traces = 256  # tool runs: training records answered by a warm-start trace
+    c.warmstart.tool_call_share = 0.4  # share of the traces that call and copy the output
+    c.warmstart.tool_wrong_copy_share = 0.2  # share that call, then copy a digit wrong
     c.warmstart.cache_dir = ""  # '' -> ~/.cache/ada/warmstart
 
     c.mesh = ml_collections.ConfigDict()

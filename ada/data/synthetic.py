@@ -8,6 +8,13 @@ arithmetic, so data never depends on the reward code.
 Difficulty: each task has numbered levels (ARITHMETIC_LEVELS, COUNTDOWN_LEVELS, or your
 own `levels`), and `make_dataset` draws each record's level from a weighted mix.
 
+Arithmetic levels 6-8 are the tool task (configs/tools.py, TOOL_MIX): products of two
+3-digit or two 4-digit numbers and sums of four 3-digit numbers. Their answers have 4 to 8
+digits that hang on many operand digits (long carries), past what the tiny model
+computes in its head (its no-tool ceiling is low), while the calculator gives the exact
+value: a policy that writes the expression in `<calc>...</calc>` and copies the `<out>` it
+reads back is right. Same records, split and `arithmetic_reward` as every other level.
+
 Splits: a problem belongs to 'test' iff the SHA-256 of its canonical key falls in the
 first `TEST_FRACTION` of the hash range, so the train and test sets of any seeds never
 share a problem. Within one dataset problems are distinct until a level runs out of them
@@ -52,6 +59,10 @@ ARITHMETIC_LEVELS: dict[int, ArithmeticLevel] = {
     3: ArithmeticLevel(2, 3, "+-*"),
     4: ArithmeticLevel(3, 3, "+-*"),
     5: ArithmeticLevel(4, 4, "+-*"),
+    # the tool task (TOOL_MIX): past the tiny model's head, one calculator call away
+    6: ArithmeticLevel(3, 2, "*"),  # 123 * 456: a 3-digit product (~450k problems)
+    7: ArithmeticLevel(4, 2, "*"),  # 1234 * 5678: a 4-digit product
+    8: ArithmeticLevel(3, 4, "+"),  # 123 + 456 + 789 + 12: a long sum
 }
 COUNTDOWN_LEVELS: dict[int, CountdownLevel] = {
     1: CountdownLevel(3, 10, 50, 2),
@@ -66,6 +77,8 @@ DEFAULT_MIX: dict[str, dict[int, float]] = {
     "arithmetic": {1: 0.2, 2: 0.5, 3: 0.3},
     "countdown": {1: 0.6, 2: 0.4},
 }
+# The tool task's mix (configs/tools.py: data.level_mix): a third of each kind.
+TOOL_MIX: dict[int, float] = {6: 1.0, 7: 1.0, 8: 1.0}
 TASKS = ("arithmetic", "countdown")
 
 
@@ -223,5 +236,5 @@ def make_dataset(
 
 __all__ = [
     "ARITHMETIC_LEVELS", "COUNTDOWN_LEVELS", "DEFAULT_MIX", "EXHAUSTED_AFTER", "TASKS",
-    "TEST_FRACTION", "ArithmeticLevel", "CountdownLevel", "make_dataset", "split_of",
+    "TEST_FRACTION", "TOOL_MIX", "ArithmeticLevel", "CountdownLevel", "make_dataset", "split_of",
 ]

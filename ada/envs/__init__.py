@@ -6,6 +6,7 @@
   tools.py     the tool registry (TOOLS): calculator, python
   sandbox.py   the python tool's local sandbox (a limited subprocess)
   remote.py    the python tool on a SandboxFusion service
+  tokens.py    a format's markers as tokens: markers(tool_format), turn_end_ids(tokenizer, stops)
 
 A foundation package: it imports only errors-, rewards- and tokenizer-level modules, never
 the sampler or the training loop (which will drive an Env). With env.tools = '' (the
