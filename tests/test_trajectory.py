@@ -4,6 +4,7 @@ environment's tokens (tool output) are context: no loss term, importance weight,
 token count covers them."""
 
 import dataclasses
+import json
 import time
 import types
 
@@ -13,13 +14,13 @@ import numpy as np
 import pytest
 from helpers import random_params
 
-from ada.envs import ERROR_KINDS, Env, EpisodeStats, Turn
+from ada.envs import ERROR_KINDS, Env, EnvConfig, EpisodeStats, ToolEnv, Turn
 from ada.models import init_params, preset
 from ada.rl import train
 from ada.rl.batch import BatchLayout, build_train_batch
 from ada.rl.losses import AGG_MODES, LossConfig, policy_loss
 from ada.rl.optimizer import OptimConfig
-from ada.sampling.driver import Driver, Request
+from ada.sampling.driver import Completion, Driver, Request
 from ada.sampling.engine import Engine
 from ada.sampling.paged import PagedEngine
 from ada.sampling.samplers import SamplingConfig
@@ -212,3 +213,101 @@ def test_env_metrics_are_the_counts_per_trajectory():
     assert m["env_token_share"] == 20 / 80 and m["tool_errors_timeout"] == 2
     assert m["tool_errors_bad_call"] == 0 and m["sampler_idle_tools_s"] == 0.25
     assert {f"tool_errors_{k}" for k in ERROR_KINDS} <= set(m)
+
+
+class ScriptedDriver:
+    """A Driver stand-in whose requests write `script[prompt_id]`'s turns in order (the
+    first ends at a call: finish_reason "turn"; the last at EOS), one turn a step; records
+    each extend's observation. The Driver's calls EnvDriver uses, nothing else."""
+
+    def __init__(self, script):
+        self.script, self.seqs, self.observed, self.ready = script, {}, {}, []
+
+    def submit(self, r):
+        seq = len(self.seqs)
+        self.seqs[seq] = [r, 0]
+        self.ready.append(seq)
+        return seq
+
+    def step(self):
+        out, ready, self.ready = [], self.ready, []
+        for seq in sorted(ready):
+            r, t = self.seqs[seq]
+            text = self.script[r.prompt_id][t]
+            last = t == len(self.script[r.prompt_id]) - 1
+            out.append(Completion(r.prompt_id, r.sample_idx, [ord(ch) for ch in text], text,
+                                  [-1.0] * len(text), "eos" if last else "turn",
+                                  r.prompt_tokens, seq=seq, versions=[0] * len(text), turn=t))
+            self.seqs[seq][1] += 1
+        return out
+
+    def extend(self, seq, ids, max_new_tokens=None):
+        self.observed.setdefault(seq, []).append("".join(map(chr, ids)))
+        self.ready.append(seq)
+
+    def end(self, seq):
+        pass
+
+    def busy(self):
+        return bool(self.ready)
+
+    def decoding(self):
+        return bool(self.ready)
+
+    def head(self):
+        return None
+
+    def max_new(self, request):
+        return 10**8
+
+    def stats(self):
+        return {}
+
+
+BAD = {  # kind -> (a policy turn that calls badly, what its observation says)
+    "bad_call": ('<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>',
+                 "error"),
+    "unknown_tool": ('<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>',
+                     "there is no tool 'search'"),
+    "timeout": ("<tool_call>" + json.dumps({"name": "python", "arguments": {
+        "code": "while True:\n    pass"}}) + "</tool_call>", "ran past"),
+    "error": ("<tool_call>" + json.dumps({"name": "python", "arguments": {"code": "1/0"}})
+              + "</tool_call>", "ZeroDivisionError"),
+    "forbidden": ("<tool_call>" + json.dumps({"name": "python", "arguments": {
+        "code": "import collections\ncollections._sys.modules['os'].fork()"}}) + "</tool_call>",
+        "not allowed"),
+    "write_outside": ("<tool_call>" + json.dumps({"name": "python", "arguments": {
+        "code": "open('/tmp/ada_escape.txt', 'w').write('x')"}}) + "</tool_call>",
+        "outside the working folder"),
+    "truncated": ("<tool_call>" + json.dumps({"name": "python", "arguments": {
+        "code": "print('x' * 10**7)"}}) + "</tool_call>", "x" * 100),
+}
+
+
+def test_every_bad_tool_call_is_an_observation_and_the_trajectories_finish():
+    """Malformed JSON, an unknown tool, a timeout, an exception, a fork, a write outside its
+    folder and a 10 MB print, each in one episode beside the others: the policy reads an
+    error (or the cut output) and answers, every trajectory finishes, each counted by kind
+    in the step's metrics; nothing raises out of the driver."""
+    kinds = list(BAD)
+    script = {i: [BAD[k][0], " = 408"] for i, k in enumerate(kinds)}
+    inner = ScriptedDriver(script)
+    env = EnvConfig(tools="calculator,python", tool_format="qwen", tool_timeout_s=1.0,
+                    max_tool_output_tokens=256)
+    d = EnvDriver(inner, lambda r: ToolEnv({}, None, env), lambda text: [ord(c) for c in text])
+    for i in range(len(kinds)):
+        d.submit(Request([1, 2, 3], prompt_id=i))
+    done = {}
+    while d.busy():
+        done.update({c.prompt_id: c for c in d.step()})
+    assert sorted(done) == list(range(len(kinds)))
+    for i, kind in enumerate(kinds):
+        c, (obs,) = done[i], inner.observed[i]
+        assert BAD[kind][1] in obs, (kind, obs[:300])
+        assert c.finish_reason == "eos" and c.text == BAD[kind][0] + " = 408"
+        want = {} if kind == "truncated" else {"forbidden" if kind == "write_outside" else kind: 1}
+        assert dict(c.episode.errors) == want and c.episode.truncated == (kind == "truncated")
+    m = env_metrics(d.stats())
+    assert m["tool_errors_forbidden"] == 2 and m["tool_outputs_truncated"] == 1
+    assert all(m[f"tool_errors_{k}"] == 1 for k in ("bad_call", "unknown_tool", "timeout", "error"))
+    assert m["tool_call_rate"] == 1 and m["turns_per_trajectory"] == 2

@@ -12,14 +12,16 @@ import jax
 
 from ada import sharding as shd
 from ada import warmstart
+from ada.config import env_config
 from ada.data.task import Task
+from ada.envs.tokens import markers
 from ada.errors import ConfigError
 from ada.models import init_params, lora, preset
 from ada.models.hf import load_hf
 from ada.models.hf_config import read_config
 from ada.models.transformer import param_shapes
 from ada.templates import render_prompt
-from ada.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+from ada.tokenizer import Tokenizer, load_tokenizer, synthetic_tokenizer
 
 
 def cache_dir(config) -> str:
@@ -37,15 +39,10 @@ def load_tokenizer_for(config, task: Task) -> Tokenizer:
     response = task.response or (lambda r: " " + r["answer"])
     texts = [render_prompt(config.tokenizer.template, r["problem"]) + response(r)
              for r in task.train + task.eval]
-    h = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
-    folder = os.path.join(cache_dir(config), "tokenizers")
-    path = os.path.join(folder, f"sp-{config.tokenizer.vocab_size}-{h}.model")
-    if not os.path.exists(path):
-        os.makedirs(folder, exist_ok=True)
-        tmp = path[:-6] + f".tmp{os.getpid()}.model"
-        train_sentencepiece(texts, config.tokenizer.vocab_size, tmp)
-        os.replace(tmp, path)
-    return load_tokenizer(path)
+    env = env_config(config)  # a tool run: its call format's markers are one piece each
+    return synthetic_tokenizer(texts, config.tokenizer.vocab_size,
+                               os.path.join(cache_dir(config), "tokenizers"),
+                               markers=() if env is None else markers(env.tool_format))
 
 
 def model_config_for(config, tokenizer: Tokenizer):
@@ -93,10 +90,17 @@ def initial_params(config, model_cfg, tokenizer: Tokenizer, task: Task, train_re
     common = dict(model_cfg=model_cfg, batch_size=w.batch_size, pad_id=tokenizer.pad_id,
                   cache_dir=os.path.join(cache_dir(c), "warmstart"))
     settings = dict(steps=w.steps, batch_size=w.batch_size, lr=w.lr)
+    env = env_config(c)
+    if env is None:
+        examples = warmstart.examples(train_records, task, tokenizer, 0.0, w.seed)
+    else:  # a tool run: traces that teach the call format (warmstart.ToolTraces)
+        traces = warmstart.ToolTraces(env, w.tool_traces, w.tool_call_share,
+                                      w.tool_wrong_copy_share)
+        settings.update(traces.settings())
+        examples = warmstart.tool_examples(train_records, tokenizer, traces, w.seed)
     key = warmstart.cache_key(model_cfg, vocab_fp, train_records, task.name, settings, w.seed)
-    params, info = warmstart.warm_start(
-        examples=warmstart.examples(train_records, task, tokenizer, 0.0, w.seed),
-        key_parts=key, steps=w.steps, lr=w.lr, seed=w.seed, **common)
+    params, info = warmstart.warm_start(examples=examples, key_parts=key, steps=w.steps,
+                                        lr=w.lr, seed=w.seed, **common)
     noise_steps = w.noise_steps
     if not noise_steps:
         return params, info
