@@ -236,6 +236,7 @@ def test_a_parked_request_does_not_hold_up_the_others(model, engines, kind):
     assert not driver.busy() and driver.free_slots() == ENGINE["num_slots"]
 
 
+@pytest.mark.slow  # ~10 s under load
 def test_paged_preemption_of_multi_turn_requests_restarts_them_with_the_same_tokens(
         model, engines):
     """A pool with one request's worst case (20 usable pages of 4 tokens) for eight

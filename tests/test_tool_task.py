@@ -116,6 +116,7 @@ def test_tool_warm_start_holds_the_three_traces_with_the_observation_masked(tool
     assert ex == traces(tools_tok)[1]  # deterministic
 
 
+@pytest.mark.slow  # ~8 s under load: a warm start compiled
 def test_a_tiny_tool_warm_start_trains_nothing_on_the_observation(tools_tok):
     _, ex = traces(tools_tok, 16)
     T = max(len(p) + len(t) for p, t, _ in ex)

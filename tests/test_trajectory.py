@@ -85,6 +85,7 @@ def test_the_gradient_of_an_environment_tokens_loss_term_is_exactly_zero():
         assert (np.asarray(g_logp)[batch["response_mask"] > 0] != 0).any(), agg
 
 
+@pytest.mark.slow  # ~12 s: a train step compiled; the zero-gradient test is the quick one
 def test_the_update_ignores_what_the_environments_tokens_were_drawn_with():
     """The same update, bit for bit, whatever behaviour log-probs and lags the environment's
     tokens carry (the stream's decoupled objective reads them: rl.max_staleness > 0):
@@ -155,7 +156,7 @@ def requests(n=6):
                     sample_idx=i % 2) for i in range(n)]
 
 
-@pytest.mark.parametrize("kind", ["dense", "paged"])
+@pytest.mark.parametrize("kind", ["dense", pytest.param("paged", marks=pytest.mark.slow)])
 def test_a_trajectory_is_its_turns_and_observations_whatever_the_tools_take(tiny_engines, kind):
     """Six episodes on four slots: each trajectory is its policy turns with the env's
     observations between them (policy_mask 0 there, log-prob 0), its text the policy's
