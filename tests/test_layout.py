@@ -11,8 +11,7 @@ inside a function):
                 trajectory (multi-turn sampling with tools)
   config        config (loads and validates a whole run: reads the method table)
   run           run/ (build: config -> pieces; trainer, state, folder, saved: a saved run
-                -> its policy), step (one RL step), stream (the sampler across steps),
-                setup (a deprecated re-export)
+                -> its policy), step (one RL step), stream (the sampler across steps)
   loop          loop (the training loop), planner (a config on a TPU slice), roofline,
                 memory (what a run holds per chip, phase by phase)
   commands      ada/cli/: every command line

@@ -315,14 +315,6 @@ def beta_quantile(u, a: float, b: float) -> np.ndarray:
     return np.interp(u, cdf / cdf[-1], x)
 
 
-def beta_mean(f, a: float, b: float) -> float:
-    """E[f(p)] under Beta(a, b) (f vectorised), by quadrature on the same logit grid."""
-    z = np.linspace(-14.0, 14.0, 8193)
-    x = 1.0 / (1.0 + np.exp(-z))
-    w = np.exp(a * np.log(x) + b * np.log1p(-x) - np.max(a * np.log(x) + b * np.log1p(-x)))
-    return float(np.sum(w * f(x)) / np.sum(w))
-
-
 @dataclasses.dataclass(frozen=True)
 class Trajectory:
     """Pass rates of a prompt set over RL steps: Beta(a, b) fits at `steps` (log-linear in
