@@ -460,17 +460,20 @@ def check_template_tokens(tokenizer: Tokenizer, template: str) -> None:
     for s in get_template(template).special_tokens:
         ids = tokenizer.encode(s)
         if len(ids) != 1:
-            raise ValueError(
-                f"template {template!r} needs {s!r} as a single token, but tokenizer "
-                f"{tokenizer.path} splits it into {len(ids)} pieces; use the template of the "
-                "model's family (or 'plain' for base and synthetic models)"
-            )
+            raise ValueError(f"template {template!r} needs {s!r} as a single token, but tokenizer "
+                             f"{tokenizer.path} splits it into {len(ids)} pieces; use the "
+                             "template of the model's family (or 'plain' for base and "
+                             "synthetic models)")
 
 
 def encode_prompt(tokenizer: Tokenizer, template: str, problem: str, instruction: str | None = None,
-                  **options: Any) -> list[int]:
-    """Render and encode one prompt, adding BOS only where the rendering does not carry it."""
-    text = render_prompt(template, problem, instruction, **options)
+                  tools: Sequence[dict] = (), **options: Any) -> list[int]:
+    """Render and encode one prompt, adding BOS only where the rendering does not carry it.
+    `tools` (a tool run's schemas) go in a chat template's system turn; `plain` renders none
+    (the tiny synthetic models learn their call format from the warm start)."""
+    text = (render_tool_prompt(template, problem, tools, instruction, **options)
+            if tools and template != "plain" else
+            render_prompt(template, problem, instruction, **options))
     return tokenizer.encode(text, add_special=get_template(template).add_special)
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ada import distributed
-from ada.envs import ERROR_KINDS, Env, EnvConfig, Turn
+from ada.envs import ERROR_KINDS, TOOLS, Env, EnvConfig, Turn
 from ada.envs.tokens import run_format, turn_end_ids
 from ada.sampling.driver import Completion, Driver, Request
 
@@ -48,6 +48,11 @@ def turn_ends(env: EnvConfig | None, tokenizer) -> tuple[int, ...]:
     if env is None:
         return ()
     return turn_end_ids(tokenizer, run_format(env.tool_format).stops, env.tool_format)
+
+
+def tool_schemas(env: EnvConfig | None) -> list[dict]:
+    """The run's tools as a chat template lists them (templates.render_tool_prompt)."""
+    return [] if env is None else [TOOLS[name].schema() for name in env.tool_names]
 
 
 def env_metrics(counts: dict) -> dict:

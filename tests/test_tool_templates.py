@@ -203,3 +203,24 @@ def test_tool_rendering_errors():
                              TOOL_SCHEMAS)
     with pytest.raises(ValueError, match=r"messages\[1\] has role 'tool'; .*render_tool_messages"):
         render_messages("qwen3", [USER, {"role": "tool", "content": "408"}])
+
+
+def test_a_tool_runs_prompts_list_its_tools(official, tmp_path):
+    """encode_records with a tool run's schemas (build, ada.evaluate: trajectory.tool_schemas)
+    encodes the template's prompt with the tools in its system turn, ada's tokenizer on the
+    same files as transformers'; `plain` (the synthetic tasks) lists none; another family's
+    template is refused."""
+    from ada.data.encode import encode_records
+    from ada.tokenizer import load_tokenizer
+
+    official["qwen_chat"].save_pretrained(tmp_path / "qwen")
+    tok = load_tokenizer(str(tmp_path / "qwen"))
+    records = [{"problem": USER["content"], "answer": "408"}]
+    (r,), _ = encode_records(records, tok, "qwen_chat", 4096, tools=TOOL_SCHEMAS)
+    want = reference(official["qwen_chat"], [USER], True)
+    assert r["prompt_tokens"] == official["qwen_chat"].encode(want, add_special_tokens=False)
+    assert tok.decode(r["prompt_tokens"], skip_special=False) == want
+    plain = encode_records(records, tok, "plain", 4096, tools=TOOL_SCHEMAS)[0][0]
+    assert plain["prompt_tokens"] == encode_records(records, tok, "plain", 4096)[0][0]["prompt_tokens"]
+    with pytest.raises(ValueError, match="Qwen templates only"):
+        encode_records(records, tok, "llama3", 4096, tools=TOOL_SCHEMAS)

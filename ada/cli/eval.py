@@ -158,8 +158,10 @@ def encode_eval(records, run, config, limit: int, what: str = "prompts") -> tupl
     from ada.data.encode import encode_records, too_long_message, unknown_tokens_message
 
     max_len = config.data.max_prompt_len
+    from ada.trajectory import tool_schemas
+
     encoded, too_long = encode_records(records, run.tokenizer, config.tokenizer.template,
-                                       max_len)
+                                       max_len, tools=tool_schemas(cfglib.env_config(config)))
     if too_long:
         msg = too_long_message(what, len(records), too_long, max_len, "--max_prompt_len")
         if not encoded:

@@ -10,12 +10,13 @@ UNKNOWN_WARN_SHARE = 0.01  # warn when more of a data set's tokens than this are
 
 
 def encode_records(records, tokenizer: Tokenizer, template: str, max_len: int,
-                   instruction: str | None = None) -> tuple[list[dict], list[int]]:
+                   instruction: str | None = None, tools=()) -> tuple[list[dict], list[int]]:
     """Attach `prompt_tokens` to each record; returns (the records that fit in max_len, the
-    token lengths of those that do not)."""
+    token lengths of those that do not). `tools`: a tool run's schemas, listed in the
+    prompt's system turn (templates.encode_prompt)."""
     out, too_long = [], []
     for r in records:
-        ids = encode_prompt(tokenizer, template, r["problem"], instruction)
+        ids = encode_prompt(tokenizer, template, r["problem"], instruction, tools=tools)
         if len(ids) > max_len:
             too_long.append(len(ids))
             continue

@@ -30,8 +30,9 @@ from ada.run.policy import (
     model_config_for,
 )
 from ada.sampling.backends import eval_sampling, make_engine
+from ada.templates import render_tool_prompt
 from ada.tokenizer import Tokenizer
-from ada.trajectory import turn_ends
+from ada.trajectory import tool_schemas, turn_ends
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,15 @@ def build(config) -> Setup:
     task = load_task(c)
     tokenizer = load_tokenizer_for(c, task)
     max_len = c.data.max_prompt_len
-    train_records, too_long = encode_records(task.train, tokenizer, c.tokenizer.template, max_len)
+    env = env_config(c)  # tools: every response a trajectory, a turn ending at a call
+    tools = tool_schemas(env)  # listed in a chat template's system turn
+    if tools and c.tokenizer.template != "plain":
+        try:
+            render_tool_prompt(c.tokenizer.template, "", tools)
+        except ValueError as e:
+            raise ConfigError(f"env.tools={env.tools!r}: {e}; or set env.tools=''") from None
+    train_records, too_long = encode_records(task.train, tokenizer, c.tokenizer.template, max_len,
+                                             tools=tools)
     if not train_records:
         raise ConfigError(f"no training prompt fits data.max_prompt_len={max_len} (the shortest "
                           f"has {min(too_long, default=0)} tokens); raise --config.data.max_prompt_len")
@@ -70,7 +79,7 @@ def build(config) -> Setup:
         log.warning(too_long_message("training prompts", len(task.train), too_long, max_len,
                                      "--config.data.max_prompt_len"))
     eval_records, eval_too_long = encode_records(task.eval, tokenizer, c.tokenizer.template,
-                                                 max_len)
+                                                 max_len, tools=tools)
     if eval_too_long:
         log.warning(too_long_message("held-out prompts", len(task.eval), eval_too_long, max_len,
                                      "--config.data.max_prompt_len"))
@@ -84,7 +93,6 @@ def build(config) -> Setup:
     base = base_ref(c, model_cfg, params, warm_info)
     s = c.sampling
     collect = collect_config(c)
-    env = env_config(c)  # tools: every response a trajectory, a turn ending at a call
     ends = turn_ends(env, tokenizer)
 
     def rollout(temperature, max_new_tokens):
