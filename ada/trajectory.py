@@ -146,6 +146,7 @@ class EnvDriver:
             f.cancel()
         self._tools.clear()
         self._episodes.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.driver.close()
 
     # -- internals ------------------------------------------------------------------

@@ -18,7 +18,7 @@ from ada.errors import ConfigError
 
 
 def run_format(tool_format: str):
-    """The format called `tool_format` over every registered tool, as ToolEnv builds it."""
+    """The format called `tool_format` over every registered tool (what ToolEnv parses with)."""
     return make_format(tool_format, {t.tag: (t.name, t.main_arg) for t in TOOLS.values()})
 
 

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 
 from ada.envs.base import Env, EpisodeStats, Turn
-from ada.envs.parsers import FORMATS, BadCall, make_format
+from ada.envs.parsers import FORMATS, BadCall
+from ada.envs.tokens import run_format
 from ada.envs.tools import TOOLS, ToolOutput, get_tools
 from ada.rewards.score import score
 
@@ -75,8 +76,7 @@ class ToolEnv(Env):
         self.record, self.reward_fn, self.config = record, reward_fn, config
         self.tokenizer = tokenizer
         self.tools = get_tools(config.tool_names, config.sandbox_url)
-        self.format = make_format(config.tool_format,
-                                  {t.tag: (t.name, t.main_arg) for t in TOOLS.values()})
+        self.format = run_format(config.tool_format)
         self.stats = EpisodeStats(total_tokens=prompt_tokens)
         self.policy_turns: list[str] = []
         self.transcript: list[str] = []  # policy turns and observations, in order
